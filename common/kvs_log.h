@@ -1,0 +1,25 @@
+/* Logging: one line per event to stderr, with level, monotonic-free wall
+ * time and the component. Thread-safe (one write(2) per line). */
+#ifndef KVS_LOG_H
+#define KVS_LOG_H
+
+enum kvs_log_level { KVS_LOG_ERROR, KVS_LOG_WARN, KVS_LOG_INFO, KVS_LOG_DEBUG };
+
+void kvs_log_set_level(int level);
+int kvs_log_get_level(void);
+/* Parses "error", "warn", "info", "debug"; returns -1 if unknown. */
+int kvs_log_level_parse(const char *s);
+void kvs_log_write(int level, const char *comp, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
+#define kvs_log(level, ...)                                                  \
+	do {                                                                 \
+		if ((level) <= kvs_log_get_level())                          \
+			kvs_log_write((level), KVS_LOG_COMPONENT, __VA_ARGS__); \
+	} while (0)
+#define kvs_err(...) kvs_log(KVS_LOG_ERROR, __VA_ARGS__)
+#define kvs_warn(...) kvs_log(KVS_LOG_WARN, __VA_ARGS__)
+#define kvs_info(...) kvs_log(KVS_LOG_INFO, __VA_ARGS__)
+#define kvs_dbg(...) kvs_log(KVS_LOG_DEBUG, __VA_ARGS__)
+
+#endif

@@ -1,0 +1,398 @@
+/* The main loop: one thread owns the ROUTER socket, the broker sockets, the
+ * eventfd, the timers and every protocol table. It never blocks on a copy, a
+ * disk write or a peer: sockets are non-blocking and slow work runs on other
+ * threads that report back through the eventfd. */
+#include <errno.h>
+#include <fcntl.h>
+#include <sodium.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/signalfd.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#define KVS_LOG_COMPONENT "server"
+#include "kvs_log.h"
+#include "kvs_time.h"
+#include "server.h"
+#include "ops.h"
+
+void kvs_server_config_defaults(kvs_server_config *cfg)
+{
+	memset(cfg, 0, sizeof(*cfg));
+	const char *xdg = getenv("XDG_RUNTIME_DIR");
+	if (xdg && *xdg)
+		snprintf(cfg->broker_dir, sizeof(cfg->broker_dir), "%s/kvside", xdg);
+	else
+		snprintf(cfg->broker_dir, sizeof(cfg->broker_dir), "/tmp/kvside-%u", (unsigned)getuid());
+	cfg->l1_size = 1ull << 30;
+	cfg->ttl_ms = 10000;
+	cfg->heartbeat_ms = 1000;
+	cfg->job_deadline_ms = 60000;
+	cfg->fd_park_ms = 30000;
+	cfg->drain_ms = 5000;
+	cfg->terminal_jobs = 65536;
+	cfg->copy_threads = 2;
+	cfg->log_level = KVS_LOG_INFO;
+	cfg->allow_uid = -1;
+}
+
+int kvs__fail(kvs_server *srv, int code, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(srv->errbuf, sizeof(srv->errbuf), fmt, ap);
+	va_end(ap);
+	return code;
+}
+
+static void free_frame(void *data, void *hint)
+{
+	(void)hint;
+	free(data);
+}
+
+static void send_frames(kvs_server *srv, const void *ident, size_t ident_len, void *buf, size_t len)
+{
+	if (zmq_send(srv->router, ident, ident_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0) {
+		free(buf);
+		return;
+	}
+	zmq_msg_t m;
+	/* zero copy: ZeroMQ frees buf once sent */
+	if (zmq_msg_init_data(&m, buf, len, free_frame, NULL) != 0) {
+		free(buf);
+		zmq_send(srv->router, "", 0, ZMQ_DONTWAIT);
+		return;
+	}
+	if (zmq_msg_send(&m, srv->router, ZMQ_DONTWAIT) < 0)
+		zmq_msg_close(&m);
+}
+
+void kvs__reply(kvs_server *srv, const void *ident, size_t ident_len, kvs_msg *rep)
+{
+	void *buf;
+	size_t len;
+	rep->is_reply = true;
+	memcpy(rep->epoch, srv->epoch, KVS_EPOCH_BYTES);
+	int r = kvs_proto_encode(rep, &buf, &len);
+	if (r < 0) {
+		kvs_err("cannot encode %s reply: %s", kvs_op_name(rep->op), kvs_strerror(r));
+		kvs_msg e = {.op = rep->op, .id = rep->id, .is_reply = true, .ok = false,
+			     .code = KVS_E_INTERNAL, .errmsg = kvs_str_c("reply could not be encoded")};
+		memcpy(e.epoch, srv->epoch, KVS_EPOCH_BYTES);
+		if (kvs_proto_encode(&e, &buf, &len) < 0)
+			return;
+		srv->st.errors[KVS_E_INTERNAL - KVS_E_BASE]++;
+	}
+	send_frames(srv, ident, ident_len, buf, len);
+}
+
+static void vreply_err(kvs_server *srv, const void *ident, size_t ident_len, kvs_op op, uint64_t id,
+		       int code, const char *fmt, va_list ap)
+{
+	char text[KVS_MAX_ERRMSG];
+	vsnprintf(text, sizeof(text), fmt, ap);
+	if (!kvs_error_is_project(code))
+		code = KVS_E_INTERNAL;
+	srv->st.errors[code - KVS_E_BASE]++;
+	kvs_msg e = {.op = op == KVS_OP_NONE ? KVS_OP_HELLO : op, .id = id, .ok = false, .code = code,
+		     .errmsg = kvs_str_c(text)};
+	kvs_dbg("reply %s id=%llu %s: %s", kvs_op_name(op), (unsigned long long)id,
+		kvs_error_name(code), text);
+	kvs__reply(srv, ident, ident_len, &e);
+}
+
+void kvs__reply_err(kvs_server *srv, const void *ident, size_t ident_len, kvs_op op, uint64_t id,
+		    int code, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	vreply_err(srv, ident, ident_len, op, id, code, fmt, ap);
+	va_end(ap);
+}
+
+void kvs__send_to_session(kvs_server *srv, uint64_t session, kvs_msg *msg)
+{
+	kvs_session *s = kvs__session_get(srv, session);
+	if (s)
+		kvs__reply(srv, s->ident, s->ident_len, msg);
+}
+
+void kvs__err_to_session(kvs_server *srv, uint64_t session, kvs_op op, uint64_t id, int code,
+			 const char *fmt, ...)
+{
+	kvs_session *s = kvs__session_get(srv, session);
+	if (!s)
+		return;
+	va_list ap;
+	va_start(ap, fmt);
+	vreply_err(srv, s->ident, s->ident_len, op, id, code, fmt, ap);
+	va_end(ap);
+}
+
+/* ---- request dispatch --------------------------------------------------- */
+
+static const kvs_op_fn handlers[KVS_OP_COUNT_] = {
+	[KVS_OP_HEARTBEAT] = kvs__op_heartbeat,
+	[KVS_OP_BYE] = kvs__op_bye,
+	[KVS_OP_STATS] = kvs__op_stats,
+	[KVS_OP_REGISTER] = kvs__op_register,
+	[KVS_OP_UNREGISTER] = kvs__op_unregister,
+	[KVS_OP_LOOKUP] = kvs__op_lookup,
+	[KVS_OP_STORE] = kvs__op_store,
+	[KVS_OP_RETRIEVE] = kvs__op_retrieve,
+	[KVS_OP_COMPLETE] = kvs__op_complete,
+	[KVS_OP_JOB_STATUS] = kvs__op_job_status,
+};
+
+static void dispatch(kvs_server *srv, const uint8_t *ident, size_t ident_len, const void *buf,
+		     size_t len)
+{
+	kvs_msg rq;
+	kvs_proto_err perr;
+	srv->st.requests++;
+	int r = kvs_proto_decode(buf, len, false, &rq, &perr);
+	if (r) {
+		kvs__reply_err(srv, ident, ident_len, perr.op, perr.id, r, "%s", perr.msg);
+		return;
+	}
+	srv->errbuf[0] = '\0';
+	if (rq.op == KVS_OP_HELLO) {
+		r = kvs__op_hello(srv, ident, ident_len, &rq);
+	} else {
+		kvs_session *s = NULL;
+		bool need_session = rq.op != KVS_OP_STATS || kvs_msg_has(&rq, "session");
+		if (need_session) {
+			s = kvs__session_get(srv, rq.session);
+			if (!s) {
+				r = kvs__fail(srv, KVS_E_SESSION, "unknown or expired session %llu",
+					      (unsigned long long)rq.session);
+				goto out;
+			}
+			/* any request renews the lease and re-targets pushes */
+			s->expires_ms = srv->now_ms + srv->cfg.ttl_ms;
+			if (ident_len <= KVS_MAX_IDENT) {
+				memcpy(s->ident, ident, ident_len);
+				s->ident_len = ident_len;
+			}
+		}
+		if (!handlers[rq.op])
+			r = kvs__fail(srv, KVS_E_UNKNOWN_OP, "op '%s' is not served", kvs_op_name(rq.op));
+		else
+			r = handlers[rq.op](srv, s, &rq);
+	}
+out:
+	if (r)
+		kvs__reply_err(srv, ident, ident_len, rq.op, rq.id, r, "%s",
+			       srv->errbuf[0] ? srv->errbuf : kvs_strerror(r));
+	kvs_msg_clear(&rq);
+}
+
+/* Reads every pending message from the ROUTER socket without blocking. */
+static void router_ready(kvs_server *srv)
+{
+	for (int budget = 0; budget < 256; budget++) {
+		zmq_msg_t ident, body, extra;
+		zmq_msg_init(&ident);
+		if (zmq_msg_recv(&ident, srv->router, ZMQ_DONTWAIT) < 0) {
+			zmq_msg_close(&ident);
+			return;
+		}
+		zmq_msg_init(&body);
+		int nframes = 1;
+		if (zmq_msg_more(&ident)) {
+			zmq_msg_recv(&body, srv->router, 0);
+			nframes++;
+			int more = zmq_msg_more(&body);
+			while (more) {
+				zmq_msg_init(&extra);
+				zmq_msg_recv(&extra, srv->router, 0);
+				more = zmq_msg_more(&extra);
+				zmq_msg_close(&extra);
+				nframes++;
+			}
+		}
+		const uint8_t *id = zmq_msg_data(&ident);
+		size_t idlen = zmq_msg_size(&ident);
+		if (nframes != 2)
+			kvs__reply_err(srv, id, idlen, KVS_OP_NONE, 0, KVS_E_BADMSG,
+				       "expected exactly one frame per message, got %d", nframes - 1);
+		else
+			dispatch(srv, id, idlen, zmq_msg_data(&body), zmq_msg_size(&body));
+		zmq_msg_close(&body);
+		zmq_msg_close(&ident);
+	}
+}
+
+/* ---- setup -------------------------------------------------------------- */
+
+int kvs_server_create(const kvs_server_config *cfg, kvs_server **ret)
+{
+	int r;
+	kvs_server *srv = calloc(1, sizeof(*srv));
+	if (!srv)
+		return -ENOMEM;
+	srv->cfg = *cfg;
+	srv->broker_fd = -1;
+	srv->efd = -1;
+	if (sodium_init() < 0) {
+		r = -EIO;
+		goto err_free;
+	}
+	randombytes_buf(srv->epoch, sizeof(srv->epoch));
+	srv->now_ms = kvs_now_ms();
+	if ((r = kvs_htab_create(sizeof(uint64_t), offsetof(kvs_session, id), &srv->sessions)) < 0)
+		goto err_free;
+	if ((r = kvs_htab_create(16, offsetof(kvs_parked, token), &srv->parked)) < 0)
+		goto err_sessions;
+	srv->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	if (srv->efd < 0) {
+		r = -errno;
+		goto err_parked;
+	}
+	if ((r = kvs__broker_open(srv)) < 0)
+		goto err_efd;
+	if ((r = kvs__ops_init(srv)) < 0)
+		goto err_broker;
+
+	srv->zctx = zmq_ctx_new();
+	if (!srv->zctx) {
+		r = -errno;
+		goto err_ops;
+	}
+	srv->router = zmq_socket(srv->zctx, ZMQ_ROUTER);
+	if (!srv->router) {
+		r = -errno;
+		goto err_ctx;
+	}
+	int zero = 0, hwm = 100000;
+	zmq_setsockopt(srv->router, ZMQ_LINGER, &zero, sizeof(zero));
+	zmq_setsockopt(srv->router, ZMQ_SNDHWM, &hwm, sizeof(hwm));
+	zmq_setsockopt(srv->router, ZMQ_RCVHWM, &hwm, sizeof(hwm));
+	int64_t maxmsg = KVS_MAX_MSG_BYTES + 4096; /* bigger ones are dropped by ZeroMQ itself */
+	zmq_setsockopt(srv->router, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg));
+	if (cfg->listen[0])
+		snprintf(srv->endpoint, sizeof(srv->endpoint), "%s", cfg->listen);
+	else
+		snprintf(srv->endpoint, sizeof(srv->endpoint), "ipc://%s/kvside.zmq", cfg->broker_dir);
+	if (zmq_bind(srv->router, srv->endpoint) != 0) {
+		r = -errno;
+		kvs_err("cannot bind %s: %s", srv->endpoint, zmq_strerror(errno));
+		goto err_router;
+	}
+	if (strncmp(srv->endpoint, "ipc://", 6) == 0)
+		chmod(srv->endpoint + 6, 0600);
+	kvs_info("listening on %s, broker %s, ttl %llu ms, L1 %llu MiB", srv->endpoint,
+		 srv->broker_path, (unsigned long long)cfg->ttl_ms,
+		 (unsigned long long)(cfg->l1_size >> 20));
+	*ret = srv;
+	return 0;
+
+err_router:
+	zmq_close(srv->router);
+err_ctx:
+	zmq_ctx_term(srv->zctx);
+err_ops:
+	kvs__ops_fini(srv);
+err_broker:
+	kvs__broker_close(srv);
+err_efd:
+	close(srv->efd);
+err_parked:
+	kvs_htab_destroy(srv->parked);
+err_sessions:
+	kvs_htab_destroy(srv->sessions);
+err_free:
+	free(srv);
+	return r;
+}
+
+void kvs_server_destroy(kvs_server *srv)
+{
+	if (!srv)
+		return;
+	/* close every session: fails open parts, releases registrations */
+	size_t pos = 0;
+	kvs_session *s;
+	while ((s = kvs_htab_next(srv->sessions, &pos)) != NULL) {
+		kvs__session_close(srv, s, "server shutdown");
+		pos = 0;
+	}
+	kvs__ops_fini(srv);
+	kvs__broker_close(srv);
+	if (srv->router) {
+		if (strncmp(srv->endpoint, "ipc://", 6) == 0)
+			unlink(srv->endpoint + 6);
+		zmq_close(srv->router);
+	}
+	if (srv->zctx)
+		zmq_ctx_term(srv->zctx);
+	close(srv->efd);
+	kvs_htab_destroy(srv->parked);
+	kvs_htab_destroy(srv->sessions);
+	free(srv);
+}
+
+static void tick(kvs_server *srv)
+{
+	kvs__sessions_reap(srv);
+	kvs__broker_expire(srv);
+	kvs__ops_tick(srv);
+}
+
+int kvs_server_run(kvs_server *srv, int sigfd)
+{
+	uint64_t next_tick = 0;
+	zmq_pollitem_t items[4 + KVS_MAX_BROKER_CONNS];
+	while (!srv->stopping) {
+		int n = 0;
+		items[n++] = (zmq_pollitem_t){.socket = srv->router, .events = ZMQ_POLLIN};
+		items[n++] = (zmq_pollitem_t){.fd = srv->broker_fd, .events = ZMQ_POLLIN};
+		items[n++] = (zmq_pollitem_t){.fd = srv->efd, .events = ZMQ_POLLIN};
+		items[n++] = (zmq_pollitem_t){.fd = sigfd, .events = ZMQ_POLLIN};
+		int nfix = n;
+		for (int i = 0; i < srv->n_conns; i++)
+			items[n++] = (zmq_pollitem_t){.fd = srv->conns[i].fd, .events = ZMQ_POLLIN};
+		srv->now_ms = kvs_now_ms();
+		long timeout = next_tick > srv->now_ms ? (long)(next_tick - srv->now_ms) : 0;
+		int pr = zmq_poll(items, n, timeout);
+		if (pr < 0 && errno != EINTR) {
+			kvs_err("poll failed: %s", zmq_strerror(errno));
+			return -errno;
+		}
+		srv->now_ms = kvs_now_ms();
+		if (pr > 0) {
+			if (items[3].revents & ZMQ_POLLIN) {
+				struct signalfd_siginfo si;
+				if (read(sigfd, &si, sizeof(si)) == sizeof(si)) {
+					kvs_info("signal %u: shutting down", si.ssi_signo);
+					srv->stopping = true;
+				}
+			}
+			if (items[2].revents & ZMQ_POLLIN) {
+				uint64_t v;
+				if (read(srv->efd, &v, sizeof(v)) < 0 && errno != EAGAIN)
+					kvs_warn("eventfd read: %s", strerror(errno));
+				kvs__ops_completions(srv);
+			}
+			if (items[0].revents & ZMQ_POLLIN)
+				router_ready(srv);
+			/* broker connections, newest first so removal keeps indices */
+			for (int i = n - 1; i >= nfix; i--)
+				if (items[i].revents & (ZMQ_POLLIN | ZMQ_POLLERR))
+					kvs__broker_conn_ready(srv, i - nfix);
+			if (items[1].revents & ZMQ_POLLIN)
+				kvs__broker_accept(srv);
+		}
+		if (srv->now_ms >= next_tick) {
+			tick(srv);
+			next_tick = srv->now_ms + KVS_TICK_MS;
+		}
+	}
+	return 0;
+}

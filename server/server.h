@@ -1,0 +1,154 @@
+/* kvside-server internals shared by the server's modules. Everything here is
+ * owned by the main-loop thread; other threads (copy pool, L2) never touch
+ * these structures and talk to the loop only through queues + the eventfd. */
+#ifndef KVS_SERVER_H
+#define KVS_SERVER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "kvs_error.h"
+#include "kvs_htab.h"
+#include "kvs_proto.h"
+
+#define KVS_MAX_IDENT 256
+#define KVS_MAX_BROKER_CONNS 64
+#define KVS_MAX_PARKED 4096
+#define KVS_BROKER_CONN_IDLE_MS 5000
+#define KVS_TICK_MS 50
+
+typedef struct kvs_server_config {
+	char listen[512];       /* ZeroMQ endpoint; "" = ipc://<broker_dir>/kvside.zmq */
+	char broker_dir[256];   /* run directory holding kvside.sock */
+	uint64_t l1_size;       /* bytes of the L1 arena */
+	uint64_t ttl_ms;        /* session lease */
+	uint64_t heartbeat_ms;  /* advised client heartbeat period */
+	uint64_t job_deadline_ms;
+	uint64_t fd_park_ms;    /* unclaimed broker fds are closed after this */
+	uint64_t drain_ms;      /* unregister waits this long for leases */
+	uint32_t terminal_jobs; /* bounded table of terminal job ids */
+	uint32_t copy_threads;  /* host copy pool */
+	int log_level;
+	long allow_uid;         /* extra UID allowed on the broker, -1 = none */
+} kvs_server_config;
+
+void kvs_server_config_defaults(kvs_server_config *cfg);
+
+typedef struct kvs_server kvs_server;
+
+/* Creates the server: run directory, broker socket, ROUTER socket, eventfd.
+ * Returns 0 or a negative code, logging why. */
+int kvs_server_create(const kvs_server_config *cfg, kvs_server **ret);
+/* Runs the main loop until SIGINT/SIGTERM arrive on sigfd. Returns 0 on a
+ * clean shutdown. */
+int kvs_server_run(kvs_server *srv, int sigfd);
+void kvs_server_destroy(kvs_server *srv);
+
+/* ---- internal (kvs__) -------------------------------------------------- */
+
+/* A client session, in srv->sessions keyed by id.
+ * Invariant: ident is the ZeroMQ routing id of the session's latest request,
+ * so pushes and deferred replies reach its current connection. */
+typedef struct kvs_session {
+	uint64_t id; /* key */
+	uint8_t ident[KVS_MAX_IDENT];
+	size_t ident_len;
+	char engine[KVS_MAX_STR + 1];
+	char ns[KVS_MAX_STR + 1];
+	uint8_t role;
+	uint32_t rank, world;
+	uint64_t expires_ms;
+	uint32_t n_regs;     /* live registrations owned by this session */
+} kvs_session;
+
+/* An fd parked by the broker until a `register` claims its token. */
+typedef struct kvs_parked {
+	uint8_t token[16]; /* key */
+	uint8_t alloc_id[16];
+	uint64_t size;
+	int fd;
+	uid_t uid;
+	uint64_t expires_ms;
+} kvs_parked;
+
+typedef struct kvs_broker_conn {
+	int fd;
+	uid_t uid;
+	uint64_t expires_ms;
+} kvs_broker_conn;
+
+/* Server-wide counters reported by `stats`. */
+typedef struct kvs_stats {
+	uint64_t requests;
+	uint64_t errors[KVS_E_LAST_ - KVS_E_BASE + 1];
+	uint64_t sessions_opened, sessions_reaped;
+	uint64_t broker_accepted, broker_rejected, broker_parked, broker_expired;
+} kvs_stats;
+
+struct kvs_registry;
+struct kvs_jobs;
+struct kvs_l1;
+struct kvs_copy_pool;
+
+struct kvs_server {
+	kvs_server_config cfg;
+	uint8_t epoch[KVS_EPOCH_BYTES];
+	void *zctx, *router;
+	char endpoint[600];
+	int broker_fd;
+	char broker_path[300];
+	int efd; /* eventfd: work finished elsewhere */
+	bool stopping;
+
+	kvs_htab *sessions; /* kvs_session by id */
+	kvs_htab *parked;   /* kvs_parked by token */
+	kvs_broker_conn conns[KVS_MAX_BROKER_CONNS];
+	int n_conns;
+
+	struct kvs_registry *reg;
+	struct kvs_jobs *jobs;
+	struct kvs_l1 *l1;
+	struct kvs_copy_pool *pool;
+
+	kvs_stats st;
+	uint64_t now_ms; /* refreshed once per loop iteration */
+	char errbuf[256]; /* text of the error a handler is returning */
+};
+
+/* Handlers return 0 once they have replied (or deferred their reply), or a
+ * kvs error code after kvs__fail() set the text; the dispatcher then sends
+ * the error reply. Either way every request is answered exactly once. */
+int kvs__fail(kvs_server *srv, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+/* Handler for an op that needs a session (session already checked). */
+typedef int (*kvs_op_fn)(kvs_server *srv, kvs_session *s, const kvs_msg *rq);
+
+/* Replies. The `ident` variants address a ZeroMQ routing id directly; the
+ * session variants use the session's latest routing id (no-op if the session
+ * is gone). Sending never blocks: a client that cannot receive loses the
+ * message. */
+void kvs__reply(kvs_server *srv, const void *ident, size_t ident_len, kvs_msg *rep);
+void kvs__reply_err(kvs_server *srv, const void *ident, size_t ident_len, kvs_op op,
+		    uint64_t id, int code, const char *fmt, ...) __attribute__((format(printf, 7, 8)));
+void kvs__send_to_session(kvs_server *srv, uint64_t session, kvs_msg *msg);
+void kvs__err_to_session(kvs_server *srv, uint64_t session, kvs_op op, uint64_t id, int code,
+			 const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+
+/* Sessions (session.c). */
+kvs_session *kvs__session_get(kvs_server *srv, uint64_t id);
+void kvs__session_close(kvs_server *srv, kvs_session *s, const char *why);
+void kvs__sessions_reap(kvs_server *srv);
+int kvs__op_hello(kvs_server *srv, const void *ident, size_t ident_len, const kvs_msg *rq);
+
+/* Broker (broker.c). */
+int kvs__broker_open(kvs_server *srv);
+void kvs__broker_close(kvs_server *srv);
+void kvs__broker_accept(kvs_server *srv);
+void kvs__broker_conn_ready(kvs_server *srv, int idx);
+void kvs__broker_expire(kvs_server *srv);
+/* Removes and returns the parked fd for token (caller owns the fd), or NULL. */
+kvs_parked *kvs__broker_claim(kvs_server *srv, const uint8_t token[16]);
+
+#endif

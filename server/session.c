@@ -1,0 +1,98 @@
+/* Sessions: hello, heartbeat, bye, leases and reaping. A session lives until
+ * bye, until its lease (ttl_ms, renewed by any request) runs out, or until the
+ * server stops. */
+#include <sodium.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define KVS_LOG_COMPONENT "session"
+#include "kvs_log.h"
+#include "ops.h"
+#include "server.h"
+
+kvs_session *kvs__session_get(kvs_server *srv, uint64_t id)
+{
+	return kvs_htab_get(srv->sessions, &id);
+}
+
+int kvs__op_hello(kvs_server *srv, const void *ident, size_t ident_len, const kvs_msg *rq)
+{
+	if (rq->engine.len == 0)
+		return kvs__fail(srv, KVS_E_BADMSG, "engine: must not be empty");
+	if (rq->world == 0)
+		return kvs__fail(srv, KVS_E_BADMSG, "world: must be at least 1");
+	if (rq->role == KVS_ROLE_WORKER && rq->rank >= rq->world)
+		return kvs__fail(srv, KVS_E_BADMSG, "rank %u is not below world %u", rq->rank, rq->world);
+	if (ident_len > KVS_MAX_IDENT)
+		return kvs__fail(srv, KVS_E_LIMIT, "routing id too long");
+	kvs_session *s = calloc(1, sizeof(*s));
+	if (!s)
+		return kvs__fail(srv, KVS_E_INTERNAL, "out of memory");
+	do
+		randombytes_buf(&s->id, sizeof(s->id));
+	while (s->id == 0 || kvs__session_get(srv, s->id));
+	memcpy(s->ident, ident, ident_len);
+	s->ident_len = ident_len;
+	kvs_str_copy(s->engine, sizeof(s->engine), rq->engine);
+	kvs_str_copy(s->ns, sizeof(s->ns), rq->ns);
+	s->role = rq->role;
+	s->rank = rq->rank;
+	s->world = rq->world;
+	s->expires_ms = srv->now_ms + srv->cfg.ttl_ms;
+	if (kvs_htab_put(srv->sessions, s) < 0) {
+		free(s);
+		return kvs__fail(srv, KVS_E_INTERNAL, "out of memory");
+	}
+	srv->st.sessions_opened++;
+	kvs_info("session %016llx opened: engine '%s' %s rank %u/%u ns '%s'",
+		 (unsigned long long)s->id, s->engine,
+		 s->role == KVS_ROLE_SCHEDULER ? "scheduler" : "worker", s->rank, s->world, s->ns);
+	kvs_msg rep = {.op = KVS_OP_HELLO, .id = rq->id, .ok = true, .session = s->id,
+		       .heartbeat_ms = srv->cfg.heartbeat_ms, .ttl_ms = srv->cfg.ttl_ms,
+		       .limits = {.max_msg_bytes = KVS_MAX_MSG_BYTES, .max_keys = KVS_MAX_KEYS,
+				  .max_block_ids = KVS_MAX_BLOCK_IDS}};
+	kvs__reply(srv, ident, ident_len, &rep);
+	return 0;
+}
+
+int kvs__op_heartbeat(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
+{
+	kvs_msg rep = {.op = KVS_OP_HEARTBEAT, .id = rq->id, .ok = true,
+		       .pending_jobs = kvs__ops_pending_jobs(srv, s)};
+	kvs__reply(srv, s->ident, s->ident_len, &rep);
+	return 0;
+}
+
+int kvs__op_bye(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
+{
+	kvs_msg rep = {.op = KVS_OP_BYE, .id = rq->id, .ok = true};
+	kvs__reply(srv, s->ident, s->ident_len, &rep);
+	kvs__session_close(srv, s, "bye");
+	return 0;
+}
+
+void kvs__session_close(kvs_server *srv, kvs_session *s, const char *why)
+{
+	kvs_info("session %016llx closed (%s)", (unsigned long long)s->id, why);
+	/* unreachable for new requests first, then release what it holds */
+	kvs_htab_del(srv->sessions, &s->id);
+	kvs__ops_session_gone(srv, s);
+	free(s);
+}
+
+void kvs__sessions_reap(kvs_server *srv)
+{
+	size_t pos = 0;
+	kvs_session *s;
+	while ((s = kvs_htab_next(srv->sessions, &pos)) != NULL) {
+		if (s->expires_ms > srv->now_ms)
+			continue;
+		srv->st.sessions_reaped++;
+		kvs_htab_iter_del(srv->sessions, &pos);
+		kvs_info("session %016llx expired: lease of %llu ms ran out", (unsigned long long)s->id,
+			 (unsigned long long)srv->cfg.ttl_ms);
+		kvs__ops_session_gone(srv, s);
+		free(s);
+	}
+}
