@@ -17,6 +17,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kvs_types.h"
+
 #define KVS_PROTO_VERSION 1
 #define KVS_KEY_BYTES 32
 #define KVS_TOKEN_BYTES 16
@@ -53,12 +55,6 @@ typedef enum kvs_op {
 	KVS_OP_COUNT_
 } kvs_op;
 
-enum kvs_role { KVS_ROLE_SCHEDULER, KVS_ROLE_WORKER };
-enum kvs_devtype { KVS_DEV_HOST, KVS_DEV_CUDA };
-enum kvs_group_kind { KVS_GROUP_ATTENTION, KVS_GROUP_RECURRENT };
-enum kvs_status { KVS_STATUS_OK, KVS_STATUS_FAILED };
-enum kvs_job_state { KVS_JOB_OPEN, KVS_JOB_COMMITTED, KVS_JOB_ABORTED, KVS_JOB_UNKNOWN };
-enum kvs_tier { KVS_TIER_L1, KVS_TIER_L2 };
 
 typedef struct kvs_str {
 	const char *ptr; /* not NUL-terminated */

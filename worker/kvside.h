@@ -1,0 +1,244 @@
+/** @file kvside.h
+ * @brief libkvside: the client library engines link to talk to kvside-server.
+ *
+ * One #kvs_client per process role (a TP rank, or the scheduler). The client
+ * owns a background I/O thread which owns the ZeroMQ DEALER socket: it sends
+ * heartbeats from the moment the session opens (never lazily), matches
+ * replies to requests by id, fails requests that outlive their timeout with
+ * #KVS_E_TIMEOUT, and notices a server restart (a new epoch in any reply). On
+ * a restart, or when the server reports the session expired, it re-opens the
+ * session by itself, re-registers every registration still held, and then
+ * reports #KVS_EVENT_RECONNECTED to the application. Requests in flight at the
+ * restart fail with #KVS_E_SESSION; the application retries them.
+ *
+ * Threading: every function is thread-safe. Completion callbacks and event
+ * callbacks run on the I/O thread: they must return quickly and must not call
+ * the blocking helpers (those return -EDEADLK there); they may call the
+ * asynchronous functions.
+ *
+ * Errors: functions return 0 or a negative code — a project code
+ * (#KVS_E_BADMSG ... #KVS_E_INTERNAL, see kvs_error.h) or a negative errno.
+ * kvs_strerror() turns any of them into text. The library never aborts or
+ * exits the host process.
+ */
+#ifndef KVSIDE_H
+#define KVSIDE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvs_error.h"
+#include "kvs_types.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KVS_KEY_LEN 32 /**< bytes in a chunk key */
+
+typedef struct kvs_client kvs_client;
+
+/** Event kinds delivered to kvs_client_config::on_event. */
+enum kvs_event_type {
+	/** The server restarted (or expired our session); the session was
+	 *  re-opened and every registration restored. `session` is the new id,
+	 *  `error` is 0, or the first re-registration failure. */
+	KVS_EVENT_RECONNECTED = 1,
+	/** A job this session takes part in (or, for a scheduler, any job of
+	 *  its engine) reached a terminal state. */
+	KVS_EVENT_JOB_DONE = 2,
+};
+
+typedef struct kvs_event {
+	int type;          /**< enum kvs_event_type */
+	uint64_t session;  /**< current session id */
+	uint64_t job;      /**< JOB_DONE: the job */
+	int state;         /**< JOB_DONE: enum kvs_job_state */
+	const char *reason;/**< JOB_DONE: text; valid during the callback only */
+	int error;         /**< RECONNECTED: 0 or the first failure */
+} kvs_event;
+
+typedef void (*kvs_event_fn)(const kvs_event *ev, void *arg);
+
+typedef struct kvs_client_config {
+	const char *endpoint;   /**< ZeroMQ endpoint; NULL: ipc://<broker_dir>/kvside.zmq */
+	const char *broker_dir; /**< fd-broker directory; NULL: the server's default */
+	const char *engine;     /**< engine instance name (jobs are scoped by it); required */
+	const char *ns;         /**< namespace: model id + salt; isolates caches; required */
+	int role;               /**< KVS_ROLE_SCHEDULER or KVS_ROLE_WORKER */
+	uint32_t rank;          /**< this rank (workers) */
+	uint32_t world;         /**< ranks that must report per job */
+	int timeout_ms;         /**< default request timeout; 0: 10000 */
+	kvs_event_fn on_event;  /**< may be NULL */
+	void *event_arg;
+} kvs_client_config;
+
+/** Opens a session: starts the I/O thread and waits up to cfg->timeout_ms
+ * for the hello reply.
+ * @return 0 and *ret set, or #KVS_E_TIMEOUT (no server), a code from the
+ * server's reply, -ENOMEM, -EINVAL (missing engine/ns). *ret untouched on
+ * failure. */
+int kvs_client_open(const kvs_client_config *cfg, kvs_client **ret);
+
+/** Says bye (waiting at most 1 s), stops the I/O thread, fails requests still
+ * pending with -ECANCELED, closes duplicated fds, frees. Accepts NULL. Must
+ * not be called from a callback. */
+void kvs_client_close(kvs_client *c);
+
+/** Current session id (changes after a reconnect). */
+uint64_t kvs_client_session(kvs_client *c);
+/** Number of reconnects (server restarts or expiries survived). */
+uint64_t kvs_client_reconnects(kvs_client *c);
+
+/* ---- results ------------------------------------------------------------ */
+
+typedef struct kvs_job_info_out {
+	uint64_t job;
+	int state;        /**< enum kvs_job_state */
+	uint32_t ranks_done;
+	char reason[64];
+} kvs_job_info_out;
+
+typedef struct kvs_stat_out {
+	char name[48];
+	uint64_t value;
+} kvs_stat_out;
+
+/** What a completion callback receives. Pointers are borrowed: valid during
+ * the callback only. Fields not belonging to the op are zero. */
+typedef struct kvs_result {
+	int code;            /**< 0 or an error */
+	const char *msg;     /**< server's text for the error, or "" */
+	uint64_t session, registration, imported, aliased, pending_jobs, hits;
+	const uint8_t *tiers; /**< hits entries of enum kvs_tier */
+	int state;           /**< job state for store/retrieve/complete */
+	const kvs_job_info_out *jobs;
+	uint32_t n_jobs;
+	const kvs_stat_out *stats;
+	uint32_t n_stats;
+} kvs_result;
+
+typedef void (*kvs_done_fn)(const kvs_result *res, void *arg);
+
+/* ---- registrations ------------------------------------------------------ */
+
+typedef struct kvs_alloc {
+	int fd;              /**< memfd (host) or POSIX-fd cuMem handle; duplicated */
+	uint64_t size;       /**< bytes */
+	uint8_t alloc_id[16];/**< stable id of the allocation (0 = random) */
+} kvs_alloc;
+
+typedef struct kvs_group {
+	uint32_t id;
+	int kind;                  /**< enum kvs_group_kind */
+	uint32_t tokens_per_block;
+	uint32_t blocks_per_chunk;
+	int64_t window_chunks;     /**< -1 = full attention */
+	int64_t null_block;        /**< -1 = none */
+} kvs_group;
+
+typedef struct kvs_layer {
+	uint32_t group;       /**< group id */
+	uint32_t alloc;       /**< index into the allocations */
+	uint64_t offset;      /**< byte offset of block 0 in the allocation */
+	uint64_t num_blocks;
+	uint64_t block_stride;/**< bytes between blocks (>= block_bytes) */
+	uint64_t block_bytes; /**< bytes copied per block */
+} kvs_layer;
+
+typedef struct kvs_registration_desc {
+	int device_type;       /**< enum kvs_devtype */
+	uint8_t device_uuid[16];
+	const kvs_alloc *allocs;
+	uint32_t n_allocs;
+	const kvs_group *groups;
+	uint32_t n_groups;
+	const kvs_layer *layers;
+	uint32_t n_layers;
+} kvs_registration_desc;
+
+/** Creates a memfd of size bytes mapped shared into this process, for use as
+ * a host KV region. *ret_fd and *ret_ptr belong to the caller (close, munmap).
+ * @return 0, or -errno. */
+int kvs_memfd_create(const char *name, uint64_t size, int *ret_fd, void **ret_ptr);
+
+/** Registers KV memory with the server: sends every allocation's fd through
+ * the broker, then `register`. The library keeps a duplicate of each fd and
+ * the layout so that it can re-register after a server restart; *ret_handle
+ * stays valid across such restarts. Blocking (timeout_ms, 0 = default).
+ * @return 0, or #KVS_E_GEOMETRY, #KVS_E_RANGE, #KVS_E_AUTH, #KVS_E_NOREG ... */
+int kvs_register(kvs_client *c, const kvs_registration_desc *d, int timeout_ms,
+		 uint64_t *ret_handle);
+
+/** Unregisters (the server waits for in-flight copies; #KVS_E_BUSY if they
+ * do not drain in time, in which case the registration stays). */
+int kvs_unregister(kvs_client *c, uint64_t handle, int timeout_ms);
+
+/* ---- jobs --------------------------------------------------------------- */
+
+/** Block lists: one list per group in registration order, each with
+ * blocks_per_chunk ids per key, key by key. */
+typedef struct kvs_blocks {
+	uint32_t n_groups;
+	const int64_t *const *ids;
+	const uint32_t *len;
+} kvs_blocks;
+
+typedef struct kvs_store_opts {
+	bool lazy;
+	const uint8_t *producer_event; /**< CUDA IPC event handle or NULL */
+	uint32_t producer_event_len;
+} kvs_store_opts;
+
+/** Asynchronous calls: 0 once queued (done is then called exactly once, on
+ * the I/O thread), or an error now (done never called). Key and block arrays
+ * are copied before return. */
+int kvs_store_async(kvs_client *c, uint64_t job, const uint8_t *keys, uint32_t n_keys,
+		    const kvs_blocks *blocks, const kvs_store_opts *opts, int timeout_ms,
+		    kvs_done_fn done, void *arg);
+int kvs_retrieve_async(kvs_client *c, uint64_t job, const uint8_t *keys, uint32_t n_keys,
+		       const kvs_blocks *blocks, uint64_t skip_tokens, int timeout_ms,
+		       kvs_done_fn done, void *arg);
+int kvs_complete_async(kvs_client *c, uint64_t job, bool ok, int timeout_ms, kvs_done_fn done,
+		       void *arg);
+int kvs_lookup_async(kvs_client *c, const uint8_t *keys, uint32_t n_keys, bool prefetch,
+		     uint32_t pin_ms, int timeout_ms, kvs_done_fn done, void *arg);
+
+/** Blocking helpers: wait for the reply (timeout_ms, 0 = default).
+ * ret_state (may be NULL) gets the job state of the reply. */
+int kvs_store(kvs_client *c, uint64_t job, const uint8_t *keys, uint32_t n_keys,
+	      const kvs_blocks *blocks, const kvs_store_opts *opts, int timeout_ms, int *ret_state);
+int kvs_retrieve(kvs_client *c, uint64_t job, const uint8_t *keys, uint32_t n_keys,
+		 const kvs_blocks *blocks, uint64_t skip_tokens, int timeout_ms, int *ret_state);
+int kvs_complete(kvs_client *c, uint64_t job, bool ok, int timeout_ms, int *ret_state);
+/** ret_tiers (may be NULL) receives up to n_keys tier codes. */
+int kvs_lookup(kvs_client *c, const uint8_t *keys, uint32_t n_keys, bool prefetch,
+	       uint32_t pin_ms, int timeout_ms, uint64_t *ret_hits, uint8_t *ret_tiers);
+/** Job states for the given ids (n_jobs 0: every open job of the engine).
+ * Writes up to cap entries; *ret_n gets the count written. */
+int kvs_job_status(kvs_client *c, const uint64_t *jobs, uint32_t n_jobs, int timeout_ms,
+		   kvs_job_info_out *out, uint32_t cap, uint32_t *ret_n);
+/** Server counters; writes up to cap entries. */
+int kvs_stats(kvs_client *c, int timeout_ms, kvs_stat_out *out, uint32_t cap, uint32_t *ret_n);
+/** Looks a counter up by name in a kvs_stats() result; UINT64_MAX if absent. */
+uint64_t kvs_stat_find(const kvs_stat_out *st, uint32_t n, const char *name);
+
+/** Waits until a job_done for job has been received (the client remembers the
+ * last 4096) and returns its state in *ret_state.
+ * @return 0, or #KVS_E_TIMEOUT. */
+int kvs_job_wait(kvs_client *c, uint64_t job, int timeout_ms, int *ret_state);
+
+/** Chunk keys: BLAKE2b-256 chained over chunk_tokens-token chunks, seeded by
+ * the namespace; writes up to max_keys keys of 32 bytes to out.
+ * @return the number of keys, or -EINVAL. */
+long kvs_keys_for_tokens(const char *ns, const uint32_t *tokens, size_t n_tokens,
+			 uint32_t chunk_tokens, uint8_t *out, size_t max_keys);
+
+/** Name of a job state ("open", "committed", "aborted", "unknown"). */
+const char *kvs_state_name(int state);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
