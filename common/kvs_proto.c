@@ -265,16 +265,16 @@ static uint64_t be(const uint8_t *p, int n)
 	return v;
 }
 
-/* Walks exactly one msgpack object over buf[0..n) without allocating:
- * rejects truncation, trailing bytes, the never-used byte 0xc1, nesting deeper
- * than KVS_MAX_DEPTH and more than 2 * KVS_MAX_BLOCK_IDS items in all, so that
- * msgpack-c never sizes an allocation from a hostile length. */
-static int prescan(const uint8_t *p, size_t n, kvs_proto_err *err)
+/* Walks exactly one msgpack object over buf[*ppos..n) without allocating and
+ * advances *ppos past it: rejects truncation, the never-used byte 0xc1,
+ * nesting deeper than KVS_MAX_DEPTH and more than 2 * KVS_MAX_BLOCK_IDS items
+ * in all, so that msgpack-c never sizes an allocation from a hostile length. */
+static int scan_one(const uint8_t *p, size_t n, size_t *ppos, kvs_proto_err *err)
 {
 	uint64_t stack[KVS_MAX_DEPTH + 1];
 	int depth = 0;
 	uint64_t need = 1, total = 0;
-	size_t pos = 0;
+	size_t pos = *ppos;
 	for (;;) {
 		if (need == 0) {
 			if (depth == 0)
@@ -350,9 +350,68 @@ static int prescan(const uint8_t *p, size_t n, kvs_proto_err *err)
 			pos += (size_t)len;
 		}
 	}
+	*ppos = pos;
+	return 0;
+}
+
+/* One whole message: exactly one object, no trailing bytes. */
+static int prescan(const uint8_t *p, size_t n, kvs_proto_err *err)
+{
+	size_t pos = 0;
+	int r = scan_one(p, n, &pos, err);
+	if (r)
+		return r;
 	if (pos != n)
 		return fail(err, KVS_E_BADMSG, "%zu trailing bytes after the message", n - pos);
 	return 0;
+}
+
+/* After a size or structural failure: reads `id` (unsigned) and `op` (string)
+ * from the top-level map as far as its pairs are well formed, so that the
+ * error reply still names the request it answers (a reply with id 0 would
+ * look like a push and leave the sender waiting). Never allocates; O(n). */
+static void peek_envelope(const uint8_t *p, size_t n, kvs_proto_err *err)
+{
+	kvs_proto_err scratch;
+	uint64_t pairs;
+	size_t pos = 1;
+	if (n == 0)
+		return;
+	if (p[0] >= 0x80 && p[0] <= 0x8f) {
+		pairs = p[0] & 0x0f;
+	} else if ((p[0] == 0xde && n >= 3) || (p[0] == 0xdf && n >= 5)) {
+		int h = p[0] == 0xde ? 2 : 4;
+		pairs = be(p + 1, h);
+		pos += (size_t)h;
+	} else {
+		return;
+	}
+	for (uint64_t i = 0; i < pairs; i++) {
+		size_t k = pos, v;
+		if (scan_one(p, n, &pos, &scratch))
+			return;
+		v = pos;
+		if (scan_one(p, n, &pos, &scratch))
+			return;
+		/* both keys are 2-byte fixstr: 0xa2 'i' 'd' / 0xa2 'o' 'p' */
+		if (v - k != 3 || p[k] != 0xa2)
+			continue;
+		uint8_t b = p[v];
+		if (memcmp(p + k + 1, "id", 2) == 0) {
+			if (b <= 0x7f)
+				err->id = b;
+			else if (b >= 0xcc && b <= 0xcf)
+				err->id = be(p + v + 1, 1 << (b - 0xcc));
+		} else if (memcmp(p + k + 1, "op", 2) == 0) {
+			size_t hdr = 0, len = 0;
+			if (b >= 0xa0 && b <= 0xbf)
+				hdr = 1, len = b & 0x1f;
+			else if (b >= 0xd9 && b <= 0xdb)
+				hdr = 1 + (1u << (b - 0xd9)), len = (size_t)be(p + v + 1, (int)hdr - 1);
+			if (hdr)
+				err->op = kvs_op_from_name((const char *)p + v + hdr, len);
+		}
+	}
 }
 
 /* ---- decoding ---------------------------------------------------------- */
@@ -641,11 +700,15 @@ int kvs_proto_decode(const void *buf, size_t len, bool is_reply, kvs_msg *msg, k
 {
 	memset(msg, 0, sizeof(*msg));
 	memset(err, 0, sizeof(*err));
-	if (len > KVS_MAX_MSG_BYTES)
+	if (len > KVS_MAX_MSG_BYTES) {
+		peek_envelope(buf, len, err);
 		return fail(err, KVS_E_LIMIT, "message of %zu bytes exceeds %u", len, KVS_MAX_MSG_BYTES);
+	}
 	int r = prescan(buf, len, err);
-	if (r)
+	if (r) {
+		peek_envelope(buf, len, err);
 		return r;
+	}
 	msgpack_zone *z = msgpack_zone_new(MSGPACK_ZONE_CHUNK_SIZE);
 	if (!z)
 		return fail(err, KVS_E_INTERNAL, "out of memory");
@@ -704,6 +767,10 @@ int kvs_proto_decode(const void *buf, size_t len, bool is_reply, kvs_msg *msg, k
 	if (is_reply) {
 		const msgpack_object *o_ok = map_find(&root, "ok", &dups);
 		const msgpack_object *o_ep = map_find(&root, "epoch", &dups);
+		if (dups) {
+			r = BAD("duplicate envelope key");
+			goto out_clear;
+		}
 		if (!o_ok || o_ok->type != MSGPACK_OBJECT_BOOLEAN) {
 			r = BAD("ok: missing or not boolean");
 			goto out_clear;
@@ -717,6 +784,10 @@ int kvs_proto_decode(const void *buf, size_t len, bool is_reply, kvs_msg *msg, k
 		if (!msg->ok) {
 			const msgpack_object *o_code = map_find(&root, "code", &dups);
 			const msgpack_object *o_msg = map_find(&root, "msg", &dups);
+			if (dups) {
+				r = BAD("duplicate envelope key");
+				goto out_clear;
+			}
 			if (!o_code || o_code->type != MSGPACK_OBJECT_STR) {
 				r = BAD("code: missing or not string");
 				goto out_clear;

@@ -166,7 +166,15 @@ static void dispatch(kvs_server *srv, const uint8_t *ident, size_t ident_len, co
 		r = kvs__op_hello(srv, ident, ident_len, &rq);
 	} else {
 		kvs_session *s = NULL;
+		/* a request without a session (stats) still needs its reply target:
+		 * a transient session (id 0, in no table) carries the routing id */
+		kvs_session anon = {.id = 0};
 		bool need_session = rq.op != KVS_OP_STATS || kvs_msg_has(&rq, "session");
+		if (!need_session && ident_len <= KVS_MAX_IDENT) {
+			memcpy(anon.ident, ident, ident_len);
+			anon.ident_len = ident_len;
+			s = &anon;
+		}
 		if (need_session) {
 			s = kvs__session_get(srv, rq.session);
 			if (!s) {

@@ -1,31 +1,77 @@
-/* Data-path op handlers and stats. */
+/* Glue between the main loop and the data-path modules (registry, jobs, L1,
+ * host copy pool), and the `stats` op. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define KVS_LOG_COMPONENT "ops"
+#include "copy_host.h"
+#include "jobs.h"
+#include "kvs_l1.h"
 #include "kvs_log.h"
 #include "ops.h"
+#include "registry.h"
 
-int kvs__ops_init(kvs_server *srv) { return 0; }
-void kvs__ops_fini(kvs_server *srv) {}
-void kvs__ops_tick(kvs_server *srv) {}
-void kvs__ops_completions(kvs_server *srv) {}
-void kvs__ops_session_gone(kvs_server *srv, kvs_session *s) {}
-uint64_t kvs__ops_pending_jobs(kvs_server *srv, kvs_session *s) { return 0; }
-
-#define NOT_YET(fn, name)                                                                  \
-	int fn(kvs_server *srv, kvs_session *s, const kvs_msg *rq)                         \
-	{                                                                                  \
-		return kvs__fail(srv, KVS_E_UNKNOWN_OP, "op '" name "' is not served yet"); \
+int kvs__ops_init(kvs_server *srv)
+{
+	int r;
+	kvs_l1_config l1c = {.size = srv->cfg.l1_size};
+	if ((r = kvs_l1_create(&l1c, &srv->l1)) < 0) {
+		kvs_err("cannot create the L1 arena of %llu bytes: %s", (unsigned long long)l1c.size,
+			kvs_strerror(r));
+		return r;
 	}
-NOT_YET(kvs__op_register, "register")
-NOT_YET(kvs__op_unregister, "unregister")
-NOT_YET(kvs__op_lookup, "lookup")
-NOT_YET(kvs__op_store, "store")
-NOT_YET(kvs__op_retrieve, "retrieve")
-NOT_YET(kvs__op_complete, "complete")
-NOT_YET(kvs__op_job_status, "job_status")
+	if ((r = kvs_registry_create(&srv->reg)) < 0)
+		goto err_l1;
+	if ((r = kvs_copy_pool_create(srv->cfg.copy_threads, srv->efd, &srv->pool)) < 0)
+		goto err_reg;
+	if ((r = kvs_jobs_create(srv, &srv->jobs)) < 0)
+		goto err_pool;
+	kvs_info("host copy engine: %u threads; CUDA engine: not built in this version",
+		 srv->cfg.copy_threads);
+	return 0;
+err_pool:
+	kvs_copy_pool_destroy(srv->pool);
+	srv->pool = NULL;
+err_reg:
+	kvs_registry_destroy(srv->reg);
+	srv->reg = NULL;
+err_l1:
+	kvs_l1_destroy(srv->l1);
+	srv->l1 = NULL;
+	return r;
+}
+
+void kvs__ops_fini(kvs_server *srv)
+{
+	if (srv->jobs)
+		kvs_jobs_destroy(srv, srv->jobs); /* waits for running copies */
+	srv->jobs = NULL;
+	kvs_copy_pool_destroy(srv->pool);
+	srv->pool = NULL;
+	kvs_registry_destroy(srv->reg);
+	srv->reg = NULL;
+	kvs_l1_destroy(srv->l1);
+	srv->l1 = NULL;
+}
+
+void kvs__ops_tick(kvs_server *srv)
+{
+	kvs_jobs_tick(srv);
+	kvs_registry_tick(srv);
+}
+
+void kvs__ops_completions(kvs_server *srv) { kvs_jobs_completions(srv); }
+
+void kvs__ops_session_gone(kvs_server *srv, kvs_session *s)
+{
+	if (!srv->jobs)
+		return;
+	kvs_jobs_session_gone(srv, s);
+	kvs_registry_session_gone(srv, s->id);
+}
+
+uint64_t kvs__ops_pending_jobs(kvs_server *srv, kvs_session *s) { return kvs_jobs_pending(srv, s); }
 
 int kvs__op_stats(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
 {
@@ -33,30 +79,58 @@ int kvs__op_stats(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
 	kvs_counter c[64 + NE];
 	char names[NE][32];
 	uint32_t n = 0;
+	kvs_l1_stats l1;
+	kvs_l1_get_stats(srv->l1, &l1);
+	kvs_jobs_stats js;
+	kvs_jobs_get_stats(srv->jobs, &js);
 #define C(nm, val) c[n++] = (kvs_counter){kvs_str_c(nm), (uint64_t)(val)}
 	C("sessions", kvs_htab_count(srv->sessions));
 	C("sessions_opened", srv->st.sessions_opened);
 	C("sessions_reaped", srv->st.sessions_reaped);
 	C("requests", srv->st.requests);
+	C("registrations", kvs_registry_count(srv->reg));
+	C("imports", kvs_registry_imports(srv->reg));
+	C("aliases", kvs_registry_aliases(srv->reg));
+	C("retained_blocks", kvs_jobs_retained(srv->jobs));
+	C("jobs_open", kvs_jobs_open(srv->jobs));
+	C("jobs_committed", js.committed);
+	C("jobs_aborted", js.aborted);
+	C("jobs_terminal_remembered", js.terminal_entries);
+	C("store_objects", js.store_objects);
+	C("store_skipped_cached", js.store_skipped);
+	C("retrieve_objects", js.retrieve_objects);
+	C("copy_bytes", js.copy_bytes);
+	C("lookups", js.lookups);
+	C("lookup_keys", js.lookup_keys);
+	C("hits", js.lookup_hits);
+	C("misses", js.lookup_keys - js.lookup_hits);
+	C("hits_l1", js.lookup_hits);
+	C("hits_l2", 0);
+	C("lookup_pins", js.pins);
+	C("l1_capacity", l1.size);
+	C("l1_bytes", l1.bytes_used);
+	C("l1_bytes_reserved", l1.bytes_reserved);
+	C("l1_objects", l1.objects);
+	C("l1_objects_reserved", l1.objects_reserved);
+	C("l1_chunks", l1.chunks);
+	C("l1_evictions", l1.evictions);
+	C("l1_evicted_bytes", l1.evicted_bytes);
+	C("l1_nospace", l1.nospace);
+	C("l1_meta_bytes", l1.meta_bytes);
+	C("l2_bytes", 0);
+	C("l2_objects", 0);
 	C("broker_accepted", srv->st.broker_accepted);
 	C("broker_rejected", srv->st.broker_rejected);
 	C("broker_parked", srv->st.broker_parked);
 	C("broker_expired", srv->st.broker_expired);
 	C("parked_fds", kvs_htab_count(srv->parked));
-	C("registrations", 0);
-	C("imports", 0);
-	C("aliases", 0);
-	C("retained_blocks", 0);
-	C("jobs_open", 0);
+	C("cuda_available", 0);
 	for (int i = 0; i < NE; i++) {
 		snprintf(names[i], sizeof(names[i]), "errors.%s", kvs_error_name(KVS_E_BASE + i));
 		C(names[i], srv->st.errors[i]);
 	}
 #undef C
 	kvs_msg rep = {.op = KVS_OP_STATS, .id = rq->id, .ok = true, .counters = c, .n_counters = n};
-	if (s)
-		kvs__reply(srv, s->ident, s->ident_len, &rep);
-	else
-		return kvs__fail(srv, KVS_E_INTERNAL, "no reply target");
+	kvs__reply(srv, s->ident, s->ident_len, &rep);
 	return 0;
 }

@@ -1,0 +1,117 @@
+/* Host copy engine: memcpy worker threads; see copy_host.h. */
+#include "copy_host.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+struct kvs_copy_pool {
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	kvs_copy_task *q_head, *q_tail; /* queued; guarded by mu */
+	kvs_copy_task *done;            /* finished; guarded by mu */
+	bool stop;
+	int efd;
+	unsigned n;
+	pthread_t *thr;
+	atomic_uint_fast64_t bytes;
+};
+
+static void *worker(void *arg)
+{
+	kvs_copy_pool *p = arg;
+	pthread_mutex_lock(&p->mu);
+	for (;;) {
+		while (!p->q_head && !p->stop)
+			pthread_cond_wait(&p->cv, &p->mu);
+		if (!p->q_head)
+			break;
+		kvs_copy_task *t = p->q_head;
+		p->q_head = t->next;
+		if (!p->q_head)
+			p->q_tail = NULL;
+		pthread_mutex_unlock(&p->mu);
+		uint64_t total = 0;
+		for (uint32_t i = 0; i < t->n_segs; i++) {
+			memcpy(t->segs[i].dst, t->segs[i].src, t->segs[i].len);
+			total += t->segs[i].len;
+		}
+		atomic_fetch_add_explicit(&p->bytes, total, memory_order_relaxed);
+		pthread_mutex_lock(&p->mu);
+		t->next = p->done;
+		p->done = t;
+		uint64_t one = 1;
+		ssize_t w = write(p->efd, &one, sizeof(one));
+		(void)w;
+	}
+	pthread_mutex_unlock(&p->mu);
+	return NULL;
+}
+
+int kvs_copy_pool_create(unsigned n, int efd, kvs_copy_pool **ret)
+{
+	kvs_copy_pool *p = calloc(1, sizeof(*p));
+	if (!p)
+		return -ENOMEM;
+	p->thr = calloc(n, sizeof(*p->thr));
+	if (!p->thr) {
+		free(p);
+		return -ENOMEM;
+	}
+	pthread_mutex_init(&p->mu, NULL);
+	pthread_cond_init(&p->cv, NULL);
+	p->efd = efd;
+	for (p->n = 0; p->n < n; p->n++) {
+		int e = pthread_create(&p->thr[p->n], NULL, worker, p);
+		if (e) {
+			kvs_copy_pool_destroy(p);
+			return -e;
+		}
+	}
+	*ret = p;
+	return 0;
+}
+
+void kvs_copy_pool_destroy(kvs_copy_pool *p)
+{
+	if (!p)
+		return;
+	pthread_mutex_lock(&p->mu);
+	p->stop = true;
+	pthread_cond_broadcast(&p->cv);
+	pthread_mutex_unlock(&p->mu);
+	for (unsigned i = 0; i < p->n; i++)
+		pthread_join(p->thr[i], NULL);
+	pthread_cond_destroy(&p->cv);
+	pthread_mutex_destroy(&p->mu);
+	free(p->thr);
+	free(p);
+}
+
+void kvs_copy_pool_submit(kvs_copy_pool *p, kvs_copy_task *t)
+{
+	t->next = NULL;
+	pthread_mutex_lock(&p->mu);
+	if (p->q_tail)
+		p->q_tail->next = t;
+	else
+		p->q_head = t;
+	p->q_tail = t;
+	pthread_cond_signal(&p->cv);
+	pthread_mutex_unlock(&p->mu);
+}
+
+kvs_copy_task *kvs_copy_pool_reap(kvs_copy_pool *p)
+{
+	pthread_mutex_lock(&p->mu);
+	kvs_copy_task *t = p->done;
+	p->done = NULL;
+	pthread_mutex_unlock(&p->mu);
+	return t;
+}
+
+uint64_t kvs_copy_pool_bytes(kvs_copy_pool *p) { return atomic_load(&p->bytes); }

@@ -1,0 +1,960 @@
+/* Jobs across ranks, source-block retention, the terminal-id table, and the
+ * L1 lookup. A job is created by its first part, runs its copies on the host
+ * copy pool, and becomes terminal only when every copy has finished and
+ * either every rank completed ok (commit) or something failed (abort).
+ * Only then are retention, leases and L1 reservations/pins released and
+ * job_done pushed, so an engine never reuses a block a copy still reads. */
+#include "jobs.h"
+
+#include <errno.h>
+#include <sodium.h>
+#include <stdarg.h>
+#include <unistd.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define KVS_LOG_COMPONENT "jobs"
+#include "copy_host.h"
+#include "kvs_l1.h"
+#include "kvs_log.h"
+#include "ops.h"
+#include "registry.h"
+
+#define JOBKEY_BYTES 24 /* BLAKE2b-128(engine) || job id */
+
+typedef struct kvs_job kvs_job;
+
+/* One rank's share of a job.
+ * Invariants: reg != NULL iff this part holds a lease on it; objs holds the
+ * L1 objects the part reserved (store) or pinned (retrieve), each exactly
+ * once; retained is the number of distinct non-null source blocks counted
+ * into kvs_jobs.retained by this part. */
+typedef struct kvs_part {
+	kvs_job *job;
+	bool present;   /* store/retrieve accepted */
+	bool completed;
+	uint8_t status; /* enum kvs_status, valid if completed */
+	uint64_t session;
+	uint8_t digest[16];
+	kvs_reg *reg;
+	uint32_t copies_pending;
+	int copy_err;
+	kvs_l1_obj **objs;
+	uint32_t n_objs;
+	uint64_t retained;
+	uint64_t reply_id; /* retrieve: deferred reply, 0 = none or sent */
+} kvs_part;
+
+/* An open job. Invariant: it is in jobs->open iff it is not yet terminal;
+ * aborting jobs stay open until their copies finish. */
+struct kvs_job {
+	uint8_t key[JOBKEY_BYTES];
+	uint64_t id;
+	char engine[KVS_MAX_STR + 1];
+	kvs_op kind; /* KVS_OP_STORE or KVS_OP_RETRIEVE */
+	uint32_t world;
+	uint32_t ranks_done;
+	bool aborting;
+	char reason[64];
+	uint64_t deadline_ms;
+	kvs_part *parts; /* world entries, by rank */
+};
+
+/* A terminal job remembered to answer repeats. The table is bounded: the
+ * oldest entry is dropped when full. */
+typedef struct kvs_terminal {
+	uint8_t key[JOBKEY_BYTES];
+	uint64_t id;
+	uint8_t state;
+	char reason[64];
+	uint32_t world, ranks_done;
+	uint8_t *digests; /* world * 16, zero = no part from that rank */
+	uint8_t *done;    /* world entries: 0 none, 1 + status */
+} kvs_terminal;
+
+typedef struct kvs_lpin {
+	kvs_l1_obj *obj;
+	uint64_t expires_ms;
+} kvs_lpin;
+
+struct kvs_jobs {
+	kvs_htab *open;     /* kvs_job by key */
+	kvs_htab *terminal; /* kvs_terminal by key */
+	kvs_terminal **ring; /* FIFO of terminal entries, cap entries */
+	uint32_t cap, head, count;
+	uint64_t retained; /* sum of part->retained over open jobs */
+	kvs_lpin *lpins;   /* lookup pins (pin_ms) */
+	uint32_t n_lpins, cap_lpins;
+	kvs_jobs_stats st;
+};
+
+/* ---- helpers --------------------------------------------------------------- */
+
+static void digest16(const void *a, size_t alen, uint8_t out[16])
+{
+	crypto_generichash(out, 16, a, alen, NULL, 0);
+}
+
+static void job_key(const char *engine, uint64_t id, uint8_t key[JOBKEY_BYTES])
+{
+	digest16(engine, strlen(engine), key);
+	memcpy(key + 16, &id, 8);
+}
+
+static void ns_digest(const char *ns, uint8_t out[16]) { digest16(ns, strlen(ns), out); }
+
+static void obj_key(kvs_objkey *k, const uint8_t ns[16], uint32_t world, uint32_t rank,
+		    uint32_t group, const uint8_t *chunk)
+{
+	memset(k, 0, sizeof(*k));
+	memcpy(k->chunk, chunk, 32);
+	memcpy(k->ns, ns, 16);
+	k->world = world;
+	k->rank = rank;
+	k->group = group;
+}
+
+/* Digest of a part's content: what a repeat must match. */
+static void part_digest(const kvs_msg *rq, uint8_t out[16])
+{
+	crypto_generichash_state st;
+	crypto_generichash_init(&st, NULL, 0, 16);
+	uint32_t op = rq->op;
+	crypto_generichash_update(&st, (const uint8_t *)&op, sizeof(op));
+	crypto_generichash_update(&st, rq->keys, (size_t)rq->n_keys * KVS_KEY_BYTES);
+	crypto_generichash_update(&st, (const uint8_t *)&rq->blocks.n, sizeof(rq->blocks.n));
+	for (uint32_t g = 0; g < rq->blocks.n; g++) {
+		crypto_generichash_update(&st, (const uint8_t *)&rq->blocks.len[g], 4);
+		crypto_generichash_update(&st, (const uint8_t *)rq->blocks.ids[g],
+					  (size_t)rq->blocks.len[g] * sizeof(int64_t));
+	}
+	uint64_t extra[2] = {rq->skip_tokens, rq->lazy};
+	crypto_generichash_update(&st, (const uint8_t *)extra, sizeof(extra));
+	crypto_generichash_final(&st, out, 16);
+}
+
+int kvs_jobs_create(kvs_server *srv, kvs_jobs **ret)
+{
+	kvs_jobs *j = calloc(1, sizeof(*j));
+	if (!j)
+		return -ENOMEM;
+	j->cap = srv->cfg.terminal_jobs ? srv->cfg.terminal_jobs : 65536;
+	j->ring = calloc(j->cap, sizeof(*j->ring));
+	int r = j->ring ? 0 : -ENOMEM;
+	if (!r)
+		r = kvs_htab_create(JOBKEY_BYTES, offsetof(kvs_job, key), &j->open);
+	if (!r)
+		r = kvs_htab_create(JOBKEY_BYTES, offsetof(kvs_terminal, key), &j->terminal);
+	if (r) {
+		kvs_htab_destroy(j->open);
+		free(j->ring);
+		free(j);
+		return r;
+	}
+	*ret = j;
+	return 0;
+}
+
+static void terminal_free(kvs_terminal *t)
+{
+	free(t->digests);
+	free(t->done);
+	free(t);
+}
+
+uint64_t kvs_jobs_open(const kvs_jobs *j) { return kvs_htab_count(j->open); }
+uint64_t kvs_jobs_retained(const kvs_jobs *j) { return j->retained; }
+void kvs_jobs_get_stats(const kvs_jobs *j, kvs_jobs_stats *st)
+{
+	*st = j->st;
+	st->terminal_entries = j->count;
+	st->pins = j->n_lpins;
+}
+
+/* ---- terminal state ---------------------------------------------------------- */
+
+static void remember_terminal(kvs_jobs *J, kvs_job *job, uint8_t state)
+{
+	kvs_terminal *t = calloc(1, sizeof(*t));
+	if (!t)
+		return; /* repeats then answer "unknown": acceptable under OOM */
+	t->digests = calloc(job->world, 16);
+	t->done = calloc(job->world, 1);
+	if (!t->digests || !t->done) {
+		terminal_free(t);
+		return;
+	}
+	memcpy(t->key, job->key, JOBKEY_BYTES);
+	t->id = job->id;
+	t->state = state;
+	snprintf(t->reason, sizeof(t->reason), "%s", job->reason);
+	t->world = job->world;
+	t->ranks_done = job->ranks_done;
+	for (uint32_t r = 0; r < job->world; r++) {
+		if (job->parts[r].present)
+			memcpy(t->digests + 16 * r, job->parts[r].digest, 16);
+		if (job->parts[r].completed)
+			t->done[r] = (uint8_t)(1 + job->parts[r].status);
+	}
+	if (J->count == J->cap) { /* drop the oldest */
+		kvs_terminal *old = J->ring[J->head];
+		kvs_htab_del(J->terminal, old->key);
+		terminal_free(old);
+		J->count--;
+		J->head = (J->head + 1) % J->cap;
+	}
+	/* no duplicate: a key is only ever open or terminal, and a terminal
+	 * key answers repeats instead of opening a new job */
+	if (kvs_htab_put(J->terminal, t) < 0) {
+		terminal_free(t);
+		return;
+	}
+	J->ring[(J->head + J->count) % J->cap] = t;
+	J->count++;
+}
+
+/* ---- finalisation ------------------------------------------------------------ */
+
+static void push_job_done(kvs_server *srv, kvs_job *job, uint8_t state)
+{
+	kvs_msg m = {.op = KVS_OP_JOB_DONE, .id = 0, .ok = true, .job = job->id, .state = state,
+		     .reason = kvs_str_c(job->reason)};
+	uint64_t sent[64];
+	uint32_t n_sent = 0;
+	for (uint32_t r = 0; r < job->world; r++) {
+		uint64_t sid = job->parts[r].session;
+		if (!sid)
+			continue;
+		bool dup = false;
+		for (uint32_t i = 0; i < n_sent && !dup; i++)
+			dup = sent[i] == sid;
+		if (dup)
+			continue;
+		if (n_sent < 64)
+			sent[n_sent++] = sid;
+		kvs__send_to_session(srv, sid, &m);
+	}
+	size_t pos = 0;
+	kvs_session *s;
+	while ((s = kvs_htab_next(srv->sessions, &pos)) != NULL)
+		if (s->role == KVS_ROLE_SCHEDULER && strcmp(s->engine, job->engine) == 0)
+			kvs__reply(srv, s->ident, s->ident_len, &m);
+}
+
+static void part_release(kvs_server *srv, kvs_part *p, bool commit)
+{
+	kvs_jobs *J = srv->jobs;
+	for (uint32_t i = 0; i < p->n_objs; i++) {
+		if (p->job->kind == KVS_OP_STORE) {
+			if (commit)
+				kvs_l1_commit(srv->l1, p->objs[i]);
+			else
+				kvs_l1_abort(srv->l1, p->objs[i]);
+		} else {
+			kvs_l1_unpin(srv->l1, p->objs[i]);
+		}
+	}
+	free(p->objs);
+	p->objs = NULL;
+	p->n_objs = 0;
+	J->retained -= p->retained;
+	p->retained = 0;
+	if (p->reg) {
+		kvs_reg_unlease(srv, p->reg);
+		p->reg = NULL;
+	}
+}
+
+static void job_free(kvs_job *job)
+{
+	free(job->parts);
+	free(job);
+}
+
+/* Makes the job terminal if it can be: no copy pending, and either aborting
+ * or every rank completed. Returns the job's state afterwards (the job may
+ * have been freed). */
+static uint8_t try_finalize(kvs_server *srv, kvs_job *job)
+{
+	kvs_jobs *J = srv->jobs;
+	for (uint32_t r = 0; r < job->world; r++)
+		if (job->parts[r].copies_pending)
+			return job->aborting ? KVS_JOB_ABORTED : KVS_JOB_OPEN;
+	if (!job->aborting) {
+		if (job->ranks_done < job->world)
+			return KVS_JOB_OPEN;
+		for (uint32_t r = 0; r < job->world; r++)
+			if (job->parts[r].copy_err) {
+				job->aborting = true;
+				snprintf(job->reason, sizeof(job->reason), "copy failed on rank %u: %s", r,
+					 kvs_error_name(job->parts[r].copy_err));
+			}
+	}
+	bool commit = !job->aborting;
+	uint8_t state = commit ? KVS_JOB_COMMITTED : KVS_JOB_ABORTED;
+	if (commit)
+		snprintf(job->reason, sizeof(job->reason), "%s", "all ranks completed");
+	/* store: every object of every rank becomes visible in this one step */
+	for (uint32_t r = 0; r < job->world; r++)
+		part_release(srv, &job->parts[r], commit);
+	kvs_htab_del(J->open, job->key);
+	if (commit)
+		J->st.committed++;
+	else
+		J->st.aborted++;
+	kvs_info("job %llu (%s, engine '%s') %s: %s", (unsigned long long)job->id,
+		 kvs_op_name(job->kind), job->engine, kvs_job_state_name(state), job->reason);
+	remember_terminal(J, job, state);
+	push_job_done(srv, job, state);
+	job_free(job);
+	return state;
+}
+
+static void job_abort(kvs_server *srv, kvs_job *job, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+static void job_abort(kvs_server *srv, kvs_job *job, const char *fmt, ...)
+{
+	if (job->aborting)
+		return;
+	job->aborting = true;
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(job->reason, sizeof(job->reason), fmt, ap);
+	va_end(ap);
+}
+
+/* ---- lookup of jobs ---------------------------------------------------------- */
+
+static kvs_job *job_new(kvs_server *srv, kvs_session *s, const uint8_t key[JOBKEY_BYTES],
+			uint64_t id, kvs_op kind)
+{
+	kvs_job *job = calloc(1, sizeof(*job));
+	if (!job)
+		return NULL;
+	job->parts = calloc(s->world, sizeof(*job->parts));
+	if (!job->parts) {
+		free(job);
+		return NULL;
+	}
+	memcpy(job->key, key, JOBKEY_BYTES);
+	job->id = id;
+	snprintf(job->engine, sizeof(job->engine), "%s", s->engine);
+	job->kind = kind;
+	job->world = s->world;
+	job->deadline_ms = srv->now_ms + srv->cfg.job_deadline_ms;
+	for (uint32_t r = 0; r < s->world; r++)
+		job->parts[r].job = job;
+	if (kvs_htab_put(srv->jobs->open, job) < 0) {
+		job_free(job);
+		return NULL;
+	}
+	return job;
+}
+
+static void reply_state(kvs_server *srv, kvs_session *s, const kvs_msg *rq, uint8_t state)
+{
+	kvs_msg rep = {.op = rq->op, .id = rq->id, .ok = true, .job = rq->job, .state = state};
+	kvs__reply(srv, s->ident, s->ident_len, &rep);
+}
+
+/* ---- store / retrieve ---------------------------------------------------------- */
+
+typedef struct plan {
+	kvs_l1_obj **objs;
+	uint32_t n_objs;
+	kvs_copy_task **tasks;
+	uint32_t n_tasks;
+	uint64_t retained;
+} plan;
+
+static void plan_undo(kvs_server *srv, plan *pl, kvs_op kind)
+{
+	for (uint32_t i = 0; i < pl->n_objs; i++) {
+		if (kind == KVS_OP_STORE)
+			kvs_l1_abort(srv->l1, pl->objs[i]);
+		else
+			kvs_l1_unpin(srv->l1, pl->objs[i]);
+	}
+	for (uint32_t i = 0; i < pl->n_tasks; i++) {
+		free(pl->tasks[i]->segs);
+		free(pl->tasks[i]);
+	}
+	free(pl->objs);
+	free(pl->tasks);
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+	return x < y ? -1 : x > y;
+}
+
+/* Checks the block lists against the registration: one list per group, each
+ * with blocks_per_chunk ids per key; ids in range or the group's null id. */
+static int check_blocks(kvs_server *srv, const kvs_reg *g, const kvs_msg *rq)
+{
+	if (rq->blocks.n != g->n_groups)
+		return kvs__fail(srv, KVS_E_GEOMETRY, "blocks: %u lists for %u groups", rq->blocks.n, g->n_groups);
+	for (uint32_t gi = 0; gi < g->n_groups; gi++) {
+		const kvs_reg_group *G = &g->groups[gi];
+		uint64_t want = (uint64_t)rq->n_keys * G->desc.blocks_per_chunk;
+		if (rq->blocks.len[gi] != want)
+			return kvs__fail(srv, KVS_E_GEOMETRY, "blocks[%u]: %u ids, expected %llu (%u keys x %u blocks per chunk)",
+					 gi, rq->blocks.len[gi], (unsigned long long)want, rq->n_keys,
+					 G->desc.blocks_per_chunk);
+		for (uint32_t i = 0; i < rq->blocks.len[gi]; i++) {
+			int64_t id = rq->blocks.ids[gi][i];
+			if (id == G->desc.null_block)
+				continue;
+			if (id < 0 || (uint64_t)id >= G->num_blocks)
+				return kvs__fail(srv, KVS_E_RANGE, "blocks[%u][%u]: block id %lld outside 0..%llu", gi, i,
+						 (long long)id, (unsigned long long)G->num_blocks - 1);
+		}
+	}
+	return 0;
+}
+
+static bool is_null(const kvs_reg_group *G, int64_t id) { return id == G->desc.null_block; }
+
+/* Builds the copy tasks of a store part: reserve one L1 object per (key,
+ * group) with blocks, gather its blocks layer by layer. */
+static int plan_store(kvs_server *srv, kvs_session *s, const kvs_reg *g, const kvs_msg *rq, plan *pl)
+{
+	uint8_t ns[16];
+	ns_digest(s->ns, ns);
+	uint64_t max = (uint64_t)rq->n_keys * g->n_groups;
+	pl->objs = calloc(max ? max : 1, sizeof(*pl->objs));
+	pl->tasks = calloc(max ? max : 1, sizeof(*pl->tasks));
+	uint64_t total_ids = 0;
+	for (uint32_t gi = 0; gi < g->n_groups; gi++)
+		total_ids += rq->blocks.len[gi];
+	uint64_t *uniq = calloc(total_ids ? total_ids : 1, sizeof(*uniq));
+	if (!pl->objs || !pl->tasks || !uniq) {
+		free(uniq);
+		return kvs__fail(srv, KVS_E_INTERNAL, "out of memory");
+	}
+	uint64_t n_uniq = 0;
+	for (uint32_t gi = 0; gi < g->n_groups; gi++) {
+		const kvs_reg_group *G = &g->groups[gi];
+		uint32_t bpc = G->desc.blocks_per_chunk;
+		for (uint32_t k = 0; k < rq->n_keys; k++) {
+			const int64_t *ids = rq->blocks.ids[gi] + (size_t)k * bpc;
+			uint32_t nulls = 0;
+			for (uint32_t b = 0; b < bpc; b++)
+				nulls += is_null(G, ids[b]);
+			if (nulls == bpc)
+				continue; /* nothing for this group in this chunk */
+			if (nulls) {
+				free(uniq);
+				return kvs__fail(srv, KVS_E_GEOMETRY, "blocks[%u]: chunk %u mixes null and real blocks", gi, k);
+			}
+			for (uint32_t b = 0; b < bpc; b++)
+				uniq[n_uniq++] = ((uint64_t)gi << 48) | (uint64_t)ids[b];
+			kvs_objkey key;
+			obj_key(&key, ns, s->world, s->rank, G->desc.id, rq->keys + (size_t)k * KVS_KEY_BYTES);
+			kvs_l1_obj *o;
+			int r = kvs_l1_reserve(srv->l1, &key, G->obj_bytes, &o);
+			if (r == -EEXIST || r == -EBUSY) {
+				srv->jobs->st.store_skipped++;
+				continue; /* already cached, or being stored by another job */
+			}
+			if (r) {
+				free(uniq);
+				return kvs__fail(srv, r == KVS_E_NOSPACE ? KVS_E_NOSPACE : KVS_E_INTERNAL,
+						 "L1 cannot hold %llu more bytes: %s",
+						 (unsigned long long)G->obj_bytes, kvs_strerror(r));
+			}
+			pl->objs[pl->n_objs++] = o;
+			kvs_copy_task *t = calloc(1, sizeof(*t));
+			kvs_copy_seg *segs = calloc((size_t)G->n_layers * bpc, sizeof(*segs));
+			if (!t || !segs) {
+				free(t);
+				free(segs);
+				free(uniq);
+				return kvs__fail(srv, KVS_E_INTERNAL, "out of memory");
+			}
+			uint8_t *dst = kvs_l1_data(o);
+			uint32_t n = 0;
+			for (uint32_t li = 0; li < G->n_layers; li++) {
+				const kvs_view *v = &g->views[G->layers[li]];
+				for (uint32_t b = 0; b < bpc; b++) {
+					const uint8_t *src = v->base + (uint64_t)ids[b] * v->stride;
+					/* merge runs of adjacent blocks into one copy */
+					if (n && (const uint8_t *)segs[n - 1].src + segs[n - 1].len == src &&
+					    (uint8_t *)segs[n - 1].dst + segs[n - 1].len == dst) {
+						segs[n - 1].len += v->block_bytes;
+					} else {
+						segs[n++] = (kvs_copy_seg){dst, src, v->block_bytes};
+					}
+					dst += v->block_bytes;
+				}
+			}
+			t->segs = segs;
+			t->n_segs = n;
+			t->obj = o;
+			pl->tasks[pl->n_tasks++] = t;
+		}
+	}
+	/* retention: each distinct non-null source block once */
+	qsort(uniq, n_uniq, sizeof(*uniq), cmp_u64);
+	uint64_t d = 0;
+	for (uint64_t i = 0; i < n_uniq; i++)
+		d += i == 0 || uniq[i] != uniq[i - 1];
+	pl->retained = d;
+	free(uniq);
+	return 0;
+}
+
+/* Builds the copy tasks of a retrieve part: every needed object must be
+ * committed in L1 (else E_MISS, nothing written); blocks wholly inside
+ * skip_tokens and null destination ids are not written. */
+static int plan_retrieve(kvs_server *srv, kvs_session *s, const kvs_reg *g, const kvs_msg *rq, plan *pl)
+{
+	uint8_t ns[16];
+	ns_digest(s->ns, ns);
+	uint64_t max = (uint64_t)rq->n_keys * g->n_groups;
+	pl->objs = calloc(max ? max : 1, sizeof(*pl->objs));
+	pl->tasks = calloc(max ? max : 1, sizeof(*pl->tasks));
+	if (!pl->objs || !pl->tasks)
+		return kvs__fail(srv, KVS_E_INTERNAL, "out of memory");
+	for (uint32_t gi = 0; gi < g->n_groups; gi++) {
+		const kvs_reg_group *G = &g->groups[gi];
+		uint32_t bpc = G->desc.blocks_per_chunk;
+		uint64_t tpb = G->desc.tokens_per_block;
+		for (uint32_t k = 0; k < rq->n_keys; k++) {
+			const int64_t *ids = rq->blocks.ids[gi] + (size_t)k * bpc;
+			bool want[4096];
+			uint32_t n_want = 0;
+			if (bpc > 4096)
+				return kvs__fail(srv, KVS_E_LIMIT, "blocks_per_chunk above 4096");
+			for (uint32_t b = 0; b < bpc; b++) {
+				uint64_t block_end = ((uint64_t)k * bpc + b + 1) * tpb;
+				want[b] = !is_null(G, ids[b]) && block_end > rq->skip_tokens;
+				n_want += want[b];
+			}
+			if (!n_want)
+				continue;
+			kvs_objkey key;
+			obj_key(&key, ns, s->world, s->rank, G->desc.id, rq->keys + (size_t)k * KVS_KEY_BYTES);
+			kvs_l1_obj *o = kvs_l1_get(srv->l1, &key);
+			if (!o)
+				return kvs__fail(srv, KVS_E_MISS, "chunk %u of group %u is not cached", k, G->desc.id);
+			kvs_l1_pin(srv->l1, o);
+			kvs_l1_touch(srv->l1, o);
+			pl->objs[pl->n_objs++] = o;
+			kvs_copy_task *t = calloc(1, sizeof(*t));
+			kvs_copy_seg *segs = calloc((size_t)G->n_layers * n_want, sizeof(*segs));
+			if (!t || !segs) {
+				free(t);
+				free(segs);
+				return kvs__fail(srv, KVS_E_INTERNAL, "out of memory");
+			}
+			const uint8_t *src = kvs_l1_data(o);
+			uint32_t n = 0;
+			for (uint32_t li = 0; li < G->n_layers; li++) {
+				const kvs_view *v = &g->views[G->layers[li]];
+				for (uint32_t b = 0; b < bpc; b++, src += v->block_bytes) {
+					if (!want[b])
+						continue;
+					uint8_t *dst = v->base + (uint64_t)ids[b] * v->stride;
+					if (n && (const uint8_t *)segs[n - 1].src + segs[n - 1].len == src &&
+					    (uint8_t *)segs[n - 1].dst + segs[n - 1].len == dst)
+						segs[n - 1].len += v->block_bytes;
+					else
+						segs[n++] = (kvs_copy_seg){dst, src, v->block_bytes};
+				}
+			}
+			t->segs = segs;
+			t->n_segs = n;
+			t->obj = o;
+			pl->tasks[pl->n_tasks++] = t;
+		}
+	}
+	return 0;
+}
+
+/* Store and retrieve share everything but the plan. */
+static int op_part(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
+{
+	kvs_jobs *J = srv->jobs;
+	uint8_t key[JOBKEY_BYTES], dg[16];
+	job_key(s->engine, rq->job, key);
+	part_digest(rq, dg);
+	if (s->role != KVS_ROLE_WORKER)
+		return kvs__fail(srv, KVS_E_SESSION, "only worker sessions send job parts");
+
+	kvs_terminal *t = kvs_htab_get(J->terminal, key);
+	if (t) {
+		static const uint8_t zero[16];
+		const uint8_t *had = s->rank < t->world ? t->digests + 16 * s->rank : zero;
+		if (memcmp(had, zero, 16) != 0 && memcmp(had, dg, 16) != 0)
+			return kvs__fail(srv, KVS_E_JOB_CONFLICT, "job %llu is terminal with other content from rank %u",
+					 (unsigned long long)rq->job, s->rank);
+		reply_state(srv, s, rq, t->state); /* a repeat changes nothing */
+		return 0;
+	}
+	kvs_job *job = kvs_htab_get(J->open, key);
+	if (job) {
+		if (job->kind != rq->op || job->world != s->world)
+			return kvs__fail(srv, KVS_E_JOB_CONFLICT, "job %llu is a %s job of world %u",
+					 (unsigned long long)rq->job, kvs_op_name(job->kind), job->world);
+		kvs_part *p = &job->parts[s->rank];
+		if (p->present || p->completed) {
+			if (p->present && memcmp(p->digest, dg, 16) == 0) {
+				reply_state(srv, s, rq, job->aborting ? KVS_JOB_ABORTED : KVS_JOB_OPEN);
+				return 0;
+			}
+			return kvs__fail(srv, KVS_E_JOB_CONFLICT, "rank %u already sent other content for job %llu",
+					 s->rank, (unsigned long long)rq->job);
+		}
+		if (job->aborting) {
+			reply_state(srv, s, rq, KVS_JOB_ABORTED);
+			return 0;
+		}
+	}
+
+	/* validate, then plan; a failure is final for this rank's part, so the
+	 * job (created if this is its first part) aborts */
+	kvs_reg *g = kvs_registry_of_session(srv->reg, s->id);
+	int r;
+	plan pl = {0};
+	if (!g)
+		r = kvs__fail(srv, KVS_E_NOREG, "session has no registration");
+	else
+		r = check_blocks(srv, g, rq);
+	if (!r)
+		r = rq->op == KVS_OP_STORE ? plan_store(srv, s, g, rq, &pl) : plan_retrieve(srv, s, g, rq, &pl);
+	if (!job) {
+		job = job_new(srv, s, key, rq->job, rq->op);
+		if (!job) {
+			plan_undo(srv, &pl, rq->op);
+			return kvs__fail(srv, KVS_E_INTERNAL, "out of memory");
+		}
+	}
+	kvs_part *p = &job->parts[s->rank];
+	p->present = true;
+	p->session = s->id;
+	memcpy(p->digest, dg, 16);
+	if (r) {
+		plan_undo(srv, &pl, rq->op);
+		job_abort(srv, job, "rank %u part refused: %s", s->rank, kvs_error_name(r));
+		try_finalize(srv, job);
+		return r;
+	}
+	p->objs = pl.objs;
+	p->n_objs = pl.n_objs;
+	p->retained = pl.retained;
+	J->retained += pl.retained;
+	p->reg = g;
+	kvs_reg_lease(g);
+	p->copies_pending = pl.n_tasks;
+	if (rq->op == KVS_OP_STORE)
+		J->st.store_objects += pl.n_tasks;
+	else
+		J->st.retrieve_objects += pl.n_tasks;
+	for (uint32_t i = 0; i < pl.n_tasks; i++) {
+		pl.tasks[i]->owner = p;
+		kvs_copy_pool_submit(srv->pool, pl.tasks[i]);
+	}
+	free(pl.tasks);
+	if (rq->op == KVS_OP_RETRIEVE && pl.n_tasks) {
+		p->reply_id = rq->id; /* answered once the bytes are in place */
+		return 0;
+	}
+	reply_state(srv, s, rq, KVS_JOB_OPEN);
+	return 0;
+}
+
+int kvs__op_store(kvs_server *srv, kvs_session *s, const kvs_msg *rq) { return op_part(srv, s, rq); }
+int kvs__op_retrieve(kvs_server *srv, kvs_session *s, const kvs_msg *rq) { return op_part(srv, s, rq); }
+
+/* ---- complete ------------------------------------------------------------------ */
+
+int kvs__op_complete(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
+{
+	kvs_jobs *J = srv->jobs;
+	uint8_t key[JOBKEY_BYTES];
+	job_key(s->engine, rq->job, key);
+	kvs_terminal *t = kvs_htab_get(J->terminal, key);
+	if (t) {
+		uint8_t had = s->rank < t->world ? t->done[s->rank] : 0;
+		if (had && had != 1 + rq->status)
+			return kvs__fail(srv, KVS_E_JOB_CONFLICT, "rank %u completed job %llu with the other status",
+					 s->rank, (unsigned long long)rq->job);
+		reply_state(srv, s, rq, t->state);
+		return 0;
+	}
+	kvs_job *job = kvs_htab_get(J->open, key);
+	if (!job)
+		return kvs__fail(srv, KVS_E_JOB_STATE, "job %llu is unknown (a job starts with a store or retrieve part)",
+				 (unsigned long long)rq->job);
+	if (s->rank >= job->world || job->world != s->world)
+		return kvs__fail(srv, KVS_E_JOB_CONFLICT, "job %llu has world %u", (unsigned long long)rq->job, job->world);
+	kvs_part *p = &job->parts[s->rank];
+	if (!p->present)
+		return kvs__fail(srv, KVS_E_JOB_STATE, "rank %u sent no part for job %llu", s->rank,
+				 (unsigned long long)rq->job);
+	if (p->completed) {
+		if (p->status != rq->status)
+			return kvs__fail(srv, KVS_E_JOB_CONFLICT, "rank %u already completed job %llu with the other status",
+					 s->rank, (unsigned long long)rq->job);
+		reply_state(srv, s, rq, job->aborting ? KVS_JOB_ABORTED : KVS_JOB_OPEN);
+		return 0;
+	}
+	p->completed = true;
+	p->status = rq->status;
+	p->session = s->id;
+	job->ranks_done++;
+	if (rq->status == KVS_STATUS_FAILED)
+		job_abort(srv, job, "rank %u reported failure", s->rank);
+	uint64_t id = rq->job;
+	uint8_t state = try_finalize(srv, job); /* may free job */
+	kvs_msg rep = {.op = KVS_OP_COMPLETE, .id = rq->id, .ok = true, .job = id, .state = state};
+	kvs__reply(srv, s->ident, s->ident_len, &rep);
+	return 0;
+}
+
+/* ---- copy completions ------------------------------------------------------------ */
+
+void kvs_jobs_completions(kvs_server *srv)
+{
+	kvs_copy_task *t = kvs_copy_pool_reap(srv->pool);
+	while (t) {
+		kvs_copy_task *next = t->next;
+		kvs_part *p = t->owner;
+		kvs_job *job = p->job;
+		for (uint32_t i = 0; i < t->n_segs; i++)
+			srv->jobs->st.copy_bytes += t->segs[i].len;
+		if (t->result && !p->copy_err)
+			p->copy_err = t->result;
+		free(t->segs);
+		free(t);
+		if (--p->copies_pending == 0) {
+			if (p->reply_id) {
+				kvs_msg rep = {.op = KVS_OP_RETRIEVE, .id = p->reply_id, .ok = true, .job = job->id,
+					       .state = job->aborting ? KVS_JOB_ABORTED : KVS_JOB_OPEN};
+				if (p->copy_err)
+					kvs__err_to_session(srv, p->session, KVS_OP_RETRIEVE, p->reply_id, KVS_E_DEVICE,
+							    "copy failed: %s", kvs_strerror(p->copy_err));
+				else
+					kvs__send_to_session(srv, p->session, &rep);
+				p->reply_id = 0;
+			}
+			try_finalize(srv, job);
+		}
+		t = next;
+	}
+}
+
+/* ---- lifecycle hooks -------------------------------------------------------------- */
+
+static void for_each_open(kvs_server *srv, bool (*pred)(kvs_server *, kvs_job *, void *), void *arg)
+{
+	/* collect first: finalisation edits the table */
+	size_t n = kvs_htab_count(srv->jobs->open), k = 0, pos = 0;
+	if (!n)
+		return;
+	kvs_job **list = calloc(n, sizeof(*list));
+	if (!list)
+		return;
+	kvs_job *job;
+	while ((job = kvs_htab_next(srv->jobs->open, &pos)) != NULL && k < n)
+		if (pred(srv, job, arg))
+			list[k++] = job;
+	for (size_t i = 0; i < k; i++)
+		try_finalize(srv, list[i]);
+	free(list);
+}
+
+static bool expire_pred(kvs_server *srv, kvs_job *job, void *arg)
+{
+	if (job->aborting || job->deadline_ms > srv->now_ms)
+		return false;
+	job_abort(srv, job, "deadline of %llu ms passed", (unsigned long long)srv->cfg.job_deadline_ms);
+	return true;
+}
+
+void kvs_jobs_tick(kvs_server *srv)
+{
+	for_each_open(srv, expire_pred, NULL);
+	kvs_jobs *J = srv->jobs;
+	for (uint32_t i = 0; i < J->n_lpins;) {
+		if (J->lpins[i].expires_ms <= srv->now_ms) {
+			kvs_l1_unpin(srv->l1, J->lpins[i].obj);
+			J->lpins[i] = J->lpins[--J->n_lpins];
+		} else {
+			i++;
+		}
+	}
+}
+
+static bool gone_pred(kvs_server *srv, kvs_job *job, void *arg)
+{
+	const kvs_session *s = arg;
+	for (uint32_t r = 0; r < job->world; r++) {
+		kvs_part *p = &job->parts[r];
+		if (p->session == s->id && !p->completed) {
+			job_abort(srv, job, "rank %u session ended before completing", r);
+			return true;
+		}
+	}
+	return false;
+}
+
+void kvs_jobs_session_gone(kvs_server *srv, kvs_session *s)
+{
+	for_each_open(srv, gone_pred, s);
+}
+
+uint64_t kvs_jobs_pending(kvs_server *srv, kvs_session *s)
+{
+	uint64_t n = 0;
+	size_t pos = 0;
+	kvs_job *job;
+	while ((job = kvs_htab_next(srv->jobs->open, &pos)) != NULL) {
+		if (s->role == KVS_ROLE_SCHEDULER) {
+			n += strcmp(job->engine, s->engine) == 0;
+			continue;
+		}
+		for (uint32_t r = 0; r < job->world; r++)
+			if (job->parts[r].session == s->id) {
+				n++;
+				break;
+			}
+	}
+	return n;
+}
+
+static bool all_pred(kvs_server *srv, kvs_job *job, void *arg)
+{
+	job_abort(srv, job, "server shutdown");
+	return true;
+}
+
+void kvs_jobs_destroy(kvs_server *srv, kvs_jobs *J)
+{
+	if (!J)
+		return;
+	for_each_open(srv, all_pred, NULL);
+	/* copies still running: wait for them, then finalise */
+	while (kvs_htab_count(J->open)) {
+		kvs_jobs_completions(srv);
+		if (kvs_htab_count(J->open))
+			usleep(1000);
+	}
+	for (uint32_t i = 0; i < J->n_lpins; i++)
+		kvs_l1_unpin(srv->l1, J->lpins[i].obj);
+	free(J->lpins);
+	for (uint32_t i = 0; i < J->count; i++)
+		terminal_free(J->ring[(J->head + i) % J->cap]);
+	free(J->ring);
+	kvs_htab_destroy(J->open);
+	kvs_htab_destroy(J->terminal);
+	free(J);
+}
+
+/* ---- lookup and job_status ------------------------------------------------------------ */
+
+int kvs__op_lookup(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
+{
+	kvs_jobs *J = srv->jobs;
+	J->st.lookups++;
+	J->st.lookup_keys += rq->n_keys;
+	kvs_reg *g = kvs_registry_of_session(srv->reg, s->id);
+	if (!g)
+		g = kvs_registry_find_ns(srv->reg, s->ns, s->world);
+	uint64_t hits = 0;
+	uint8_t ns[16];
+	ns_digest(s->ns, ns);
+	/* a chunk hits only if every rank has every group's object */
+	for (uint32_t k = 0; g && k < rq->n_keys; k++) {
+		bool all = true;
+		for (uint32_t r = 0; r < s->world && all; r++)
+			for (uint32_t gi = 0; gi < g->n_groups && all; gi++) {
+				kvs_objkey key;
+				obj_key(&key, ns, s->world, r, g->groups[gi].desc.id, rq->keys + (size_t)k * KVS_KEY_BYTES);
+				all = kvs_l1_get(srv->l1, &key) != NULL;
+			}
+		if (!all)
+			break;
+		hits++;
+	}
+	/* refresh (and optionally pin) what hit */
+	for (uint32_t k = 0; k < hits; k++)
+		for (uint32_t r = 0; r < s->world; r++)
+			for (uint32_t gi = 0; gi < g->n_groups; gi++) {
+				kvs_objkey key;
+				obj_key(&key, ns, s->world, r, g->groups[gi].desc.id, rq->keys + (size_t)k * KVS_KEY_BYTES);
+				kvs_l1_obj *o = kvs_l1_get(srv->l1, &key);
+				kvs_l1_touch(srv->l1, o);
+				if (rq->pin_ms && J->n_lpins < 1u << 20) {
+					if (J->n_lpins == J->cap_lpins) {
+						uint32_t nc = J->cap_lpins ? 2 * J->cap_lpins : 256;
+						kvs_lpin *np = realloc(J->lpins, nc * sizeof(*np));
+						if (!np)
+							continue;
+						J->lpins = np;
+						J->cap_lpins = nc;
+					}
+					kvs_l1_pin(srv->l1, o);
+					J->lpins[J->n_lpins++] = (kvs_lpin){o, srv->now_ms + rq->pin_ms};
+				}
+			}
+	J->st.lookup_hits += hits;
+	uint8_t *tiers = calloc(hits ? hits : 1, 1); /* all L1 until the L2 tier exists */
+	if (!tiers)
+		return kvs__fail(srv, KVS_E_INTERNAL, "out of memory");
+	kvs_msg rep = {.op = KVS_OP_LOOKUP, .id = rq->id, .ok = true, .hits = hits, .tiers = tiers,
+		       .n_tiers = (uint32_t)hits};
+	kvs__reply(srv, s->ident, s->ident_len, &rep);
+	free(tiers);
+	return 0;
+}
+
+int kvs__op_job_status(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
+{
+	kvs_jobs *J = srv->jobs;
+	uint32_t cap = KVS_MAX_JOBS_QUERY;
+	kvs_job_info *out = calloc(cap, sizeof(*out));
+	if (!out)
+		return kvs__fail(srv, KVS_E_INTERNAL, "out of memory");
+	uint32_t n = 0;
+	uint8_t key[JOBKEY_BYTES];
+	if (rq->n_jobs) {
+		for (uint32_t i = 0; i < rq->n_jobs && n < cap; i++) {
+			job_key(s->engine, rq->jobs[i], key);
+			kvs_job *job = kvs_htab_get(J->open, key);
+			kvs_terminal *t = job ? NULL : kvs_htab_get(J->terminal, key);
+			kvs_job_info *o = &out[n++];
+			o->job = rq->jobs[i];
+			if (job) {
+				o->state = job->aborting ? KVS_JOB_ABORTED : KVS_JOB_OPEN;
+				o->reason = kvs_str_c(job->aborting ? job->reason : "in progress");
+				o->ranks_done = job->ranks_done;
+			} else if (t) {
+				o->state = t->state;
+				o->reason = kvs_str_c(t->reason);
+				o->ranks_done = t->ranks_done;
+			} else {
+				o->state = KVS_JOB_UNKNOWN;
+				o->reason = kvs_str_c("unknown job");
+			}
+		}
+	} else {
+		size_t pos = 0;
+		kvs_job *job;
+		while ((job = kvs_htab_next(J->open, &pos)) != NULL && n < cap) {
+			if (strcmp(job->engine, s->engine) != 0)
+				continue;
+			out[n++] = (kvs_job_info){.job = job->id,
+						  .state = job->aborting ? KVS_JOB_ABORTED : KVS_JOB_OPEN,
+						  .reason = kvs_str_c(job->aborting ? job->reason : "in progress"),
+						  .ranks_done = job->ranks_done};
+		}
+	}
+	kvs_msg rep = {.op = KVS_OP_JOB_STATUS, .id = rq->id, .ok = true, .job_infos = out, .n_job_infos = n};
+	kvs__reply(srv, s->ident, s->ident_len, &rep);
+	free(out);
+	return 0;
+}

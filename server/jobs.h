@@ -1,0 +1,32 @@
+/* Jobs: per-rank store/retrieve parts, completion, commit/abort, source-block
+ * retention, the bounded table of terminal ids, and lookup over the L1 tier.
+ * Main-loop thread only. */
+#ifndef KVS_JOBS_H
+#define KVS_JOBS_H
+
+#include <stdint.h>
+
+#include "server.h"
+
+typedef struct kvs_jobs kvs_jobs;
+
+int kvs_jobs_create(kvs_server *srv, kvs_jobs **ret);
+/* Aborts every open job, waits for its copies, frees everything. */
+void kvs_jobs_destroy(kvs_server *srv, kvs_jobs *j);
+
+void kvs_jobs_tick(kvs_server *srv);
+void kvs_jobs_completions(kvs_server *srv);
+void kvs_jobs_session_gone(kvs_server *srv, kvs_session *s);
+uint64_t kvs_jobs_pending(kvs_server *srv, kvs_session *s);
+
+uint64_t kvs_jobs_open(const kvs_jobs *j);
+uint64_t kvs_jobs_retained(const kvs_jobs *j);
+
+typedef struct kvs_jobs_stats {
+	uint64_t committed, aborted, terminal_entries, lookups, lookup_hits, lookup_keys;
+	uint64_t store_objects, store_skipped, retrieve_objects, copy_bytes;
+	uint64_t pins;
+} kvs_jobs_stats;
+void kvs_jobs_get_stats(const kvs_jobs *j, kvs_jobs_stats *st);
+
+#endif

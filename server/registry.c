@@ -1,0 +1,469 @@
+/* Registrations and host imports: validation, all-or-nothing registration,
+ * alias-counted memfd mappings, unregister with lease draining. */
+#include "registry.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <sodium.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define KVS_LOG_COMPONENT "registry"
+#include "kvs_log.h"
+#include "ops.h"
+
+struct kvs_registry {
+	kvs_htab *regs;    /* kvs_reg by id */
+	kvs_htab *imports; /* kvs_import by key */
+	uint64_t aliases;  /* sum of (refs - 1) over imports */
+};
+
+int kvs_registry_create(kvs_registry **ret)
+{
+	kvs_registry *r = calloc(1, sizeof(*r));
+	if (!r)
+		return -ENOMEM;
+	int e = kvs_htab_create(sizeof(uint64_t), offsetof(kvs_reg, id), &r->regs);
+	if (e == 0)
+		e = kvs_htab_create(33, offsetof(kvs_import, key), &r->imports);
+	if (e) {
+		kvs_htab_destroy(r->regs);
+		free(r);
+		return e;
+	}
+	*ret = r;
+	return 0;
+}
+
+static void import_unref(kvs_registry *r, kvs_import *imp)
+{
+	if (--imp->refs > 0) {
+		r->aliases--;
+		return;
+	}
+	/* teardown order: no copy runs (leases drained) -> unmap -> close */
+	kvs_htab_del(r->imports, imp->key);
+	munmap(imp->base, imp->size);
+	close(imp->fd);
+	free(imp);
+}
+
+static void reg_free(kvs_registry *r, kvs_reg *g)
+{
+	for (uint32_t i = 0; i < g->n_imports; i++)
+		import_unref(r, g->imports[i]);
+	for (uint32_t i = 0; i < g->n_groups; i++)
+		free(g->groups[i].layers);
+	free(g->groups);
+	free(g->views);
+	free(g->imports);
+	free(g);
+}
+
+static void reg_release(kvs_server *srv, kvs_reg *g)
+{
+	kvs_htab_del(srv->reg->regs, &g->id);
+	kvs_session *s = kvs__session_get(srv, g->session);
+	if (s && s->n_regs)
+		s->n_regs--;
+	kvs_dbg("registration %llu released", (unsigned long long)g->id);
+	reg_free(srv->reg, g);
+}
+
+void kvs_registry_destroy(kvs_registry *r)
+{
+	if (!r)
+		return;
+	size_t pos = 0;
+	kvs_reg *g;
+	while ((g = kvs_htab_next(r->regs, &pos)) != NULL) {
+		kvs_htab_iter_del(r->regs, &pos);
+		reg_free(r, g);
+	}
+	kvs_htab_destroy(r->regs);
+	kvs_htab_destroy(r->imports);
+	free(r);
+}
+
+kvs_reg *kvs_registry_of_session(kvs_registry *r, uint64_t session)
+{
+	size_t pos = 0;
+	kvs_reg *g;
+	while ((g = kvs_htab_next(r->regs, &pos)) != NULL)
+		if (g->session == session && !g->dead)
+			return g;
+	return NULL;
+}
+
+kvs_reg *kvs_registry_find_ns(kvs_registry *r, const char *ns, uint32_t world)
+{
+	size_t pos = 0;
+	kvs_reg *g;
+	while ((g = kvs_htab_next(r->regs, &pos)) != NULL)
+		if (!g->dead && g->world == world && strcmp(g->ns, ns) == 0)
+			return g;
+	return NULL;
+}
+
+void kvs_reg_lease(kvs_reg *g) { g->leases++; }
+
+void kvs_reg_unlease(kvs_server *srv, kvs_reg *g)
+{
+	if (g->leases == 0) {
+		kvs_err("lease underflow on registration %llu", (unsigned long long)g->id);
+		return;
+	}
+	if (--g->leases == 0 && g->dead && g->unreg_id == 0)
+		reg_release(srv, g);
+	/* a pending unregister is answered by the next tick */
+}
+
+uint64_t kvs_registry_count(const kvs_registry *r) { return kvs_htab_count(r->regs); }
+uint64_t kvs_registry_imports(const kvs_registry *r) { return kvs_htab_count(r->imports); }
+uint64_t kvs_registry_aliases(const kvs_registry *r) { return r->aliases; }
+
+/* ---- validation ----------------------------------------------------------- */
+
+/* True if the byte sets of two strided views in one allocation intersect. */
+static bool views_overlap(const kvs_layer_desc *a, const kvs_layer_desc *b)
+{
+	uint64_t a_end = a->offset + a->num_blocks * a->block_stride;
+	uint64_t b_end = b->offset + b->num_blocks * b->block_stride;
+	if (a_end <= b->offset || b_end <= a->offset)
+		return false;
+	if (a->block_stride != b->block_stride)
+		return true; /* conservatively: interleaving only with equal strides */
+	uint64_t s = a->block_stride;
+	/* on the circle of length s, a occupies [0, a.bytes), b [d, d + b.bytes) */
+	uint64_t d = (b->offset >= a->offset ? b->offset - a->offset : s - (a->offset - b->offset) % s) % s;
+	if (d < a->block_bytes)
+		return true;
+	return d + b->block_bytes > s; /* b wraps around into a's bytes */
+}
+
+static int validate(kvs_server *srv, const kvs_msg *rq)
+{
+	if (rq->device.type != KVS_DEV_HOST)
+		return kvs__fail(srv, KVS_E_DEVICE, "device type 'cuda' is not available on this server (host engine only)");
+	if (rq->n_allocs == 0 || rq->n_groups == 0 || rq->n_layers == 0)
+		return kvs__fail(srv, KVS_E_GEOMETRY, "a registration needs at least one allocation, group and layer");
+	for (uint32_t i = 0; i < rq->n_groups; i++) {
+		const kvs_group_desc *g = &rq->groups[i];
+		if (g->tokens_per_block == 0 || g->blocks_per_chunk == 0)
+			return kvs__fail(srv, KVS_E_GEOMETRY, "groups[%u]: tokens_per_block and blocks_per_chunk must be >= 1", i);
+		if (g->window_chunks == 0 || g->window_chunks < -1)
+			return kvs__fail(srv, KVS_E_GEOMETRY, "groups[%u]: window_chunks must be -1 or >= 1", i);
+		if (g->null_block < -1)
+			return kvs__fail(srv, KVS_E_GEOMETRY, "groups[%u]: null_block must be -1 or a block id", i);
+		for (uint32_t j = 0; j < i; j++)
+			if (rq->groups[j].id == g->id)
+				return kvs__fail(srv, KVS_E_GEOMETRY, "groups[%u]: duplicate group id %u", i, g->id);
+	}
+	for (uint32_t i = 0; i < rq->n_layers; i++) {
+		const kvs_layer_desc *l = &rq->layers[i];
+		uint32_t gi = 0;
+		while (gi < rq->n_groups && rq->groups[gi].id != l->group)
+			gi++;
+		if (gi == rq->n_groups)
+			return kvs__fail(srv, KVS_E_GEOMETRY, "layers[%u]: unknown group %u", i, l->group);
+		if (l->alloc >= rq->n_allocs)
+			return kvs__fail(srv, KVS_E_RANGE, "layers[%u]: allocation index %u out of range", i, l->alloc);
+		if (l->num_blocks == 0 || l->block_bytes == 0)
+			return kvs__fail(srv, KVS_E_GEOMETRY, "layers[%u]: num_blocks and block_bytes must be >= 1", i);
+		if (l->block_bytes > l->block_stride)
+			return kvs__fail(srv, KVS_E_GEOMETRY, "layers[%u]: block_bytes %llu exceeds block_stride %llu", i,
+					 (unsigned long long)l->block_bytes, (unsigned long long)l->block_stride);
+		uint64_t span, end;
+		if (__builtin_mul_overflow(l->num_blocks, l->block_stride, &span) ||
+		    __builtin_add_overflow(l->offset, span, &end))
+			return kvs__fail(srv, KVS_E_RANGE, "layers[%u]: offset + num_blocks * block_stride overflows", i);
+		if (end > rq->allocs[l->alloc].size)
+			return kvs__fail(srv, KVS_E_RANGE, "layers[%u]: view ends at %llu, beyond allocation %u of %llu bytes",
+					 i, (unsigned long long)end, l->alloc,
+					 (unsigned long long)rq->allocs[l->alloc].size);
+		for (uint32_t j = 0; j < i; j++) {
+			const kvs_layer_desc *o = &rq->layers[j];
+			if (o->group == l->group && o->num_blocks != l->num_blocks)
+				return kvs__fail(srv, KVS_E_GEOMETRY, "layers[%u]: num_blocks differs from layers[%u] of the same group", i, j);
+			if (o->alloc == l->alloc && views_overlap(o, l))
+				return kvs__fail(srv, KVS_E_GEOMETRY, "layers[%u] overlaps layers[%u]", i, j);
+		}
+	}
+	for (uint32_t i = 0; i < rq->n_groups; i++) {
+		bool has = false;
+		for (uint32_t j = 0; j < rq->n_layers && !has; j++)
+			has = rq->layers[j].group == rq->groups[i].id;
+		if (!has)
+			return kvs__fail(srv, KVS_E_GEOMETRY, "groups[%u]: no layer", i);
+	}
+	for (uint32_t i = 0; i < rq->n_allocs; i++)
+		for (uint32_t j = 0; j < i; j++)
+			if (memcmp(rq->allocs[i].alloc_id, rq->allocs[j].alloc_id, 16) == 0)
+				return kvs__fail(srv, KVS_E_GEOMETRY, "allocations[%u]: duplicate alloc_id", i);
+	return 0;
+}
+
+/* ---- register -------------------------------------------------------------- */
+
+int kvs__op_register(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
+{
+	kvs_registry *R = srv->reg;
+	if (s->role != KVS_ROLE_WORKER)
+		return kvs__fail(srv, KVS_E_SESSION, "only worker sessions register memory");
+	int r = validate(srv, rq);
+	if (r)
+		return r;
+
+	/* Claim every token first: a token is single-use, so from here on the
+	 * claimed fds are ours and are closed on failure. */
+	uint32_t n = rq->n_allocs;
+	kvs_parked *claimed[KVS_MAX_ALLOCS] = {0};
+	kvs_import *imps[KVS_MAX_ALLOCS] = {0};
+	bool fresh[KVS_MAX_ALLOCS] = {0};
+	kvs_reg *g = NULL;
+	uint32_t i;
+	for (i = 0; i < n; i++) {
+		claimed[i] = kvs__broker_claim(srv, rq->allocs[i].token);
+		if (!claimed[i]) {
+			r = kvs__fail(srv, KVS_E_AUTH, "allocations[%u]: token unknown, expired or already used", i);
+			goto err_claims;
+		}
+		if (memcmp(claimed[i]->alloc_id, rq->allocs[i].alloc_id, 16) != 0 ||
+		    claimed[i]->size != rq->allocs[i].size) {
+			r = kvs__fail(srv, KVS_E_AUTH, "allocations[%u]: alloc_id or size differ from what the broker received", i);
+			goto err_claims;
+		}
+	}
+	/* import or alias each allocation */
+	for (i = 0; i < n; i++) {
+		uint8_t key[33];
+		key[0] = rq->device.type;
+		memcpy(key + 1, rq->device.uuid, 16);
+		memcpy(key + 17, rq->allocs[i].alloc_id, 16);
+		kvs_import *imp = kvs_htab_get(R->imports, key);
+		struct stat st;
+		if (fstat(claimed[i]->fd, &st) < 0) {
+			r = kvs__fail(srv, KVS_E_DEVICE, "allocations[%u]: fstat failed: %s", i, strerror(errno));
+			goto err_imports;
+		}
+		if (imp) {
+			if (imp->size != rq->allocs[i].size) {
+				r = kvs__fail(srv, KVS_E_GEOMETRY, "allocations[%u]: already imported with another size", i);
+				goto err_imports;
+			}
+			if (imp->dev != st.st_dev || imp->ino != st.st_ino) {
+				r = kvs__fail(srv, KVS_E_AUTH, "allocations[%u]: alloc_id already names other memory", i);
+				goto err_imports;
+			}
+			imp->refs++;
+			R->aliases++;
+			imps[i] = imp;
+			continue;
+		}
+		int fd = claimed[i]->fd;
+		if (fcntl(fd, F_GET_SEALS) < 0 || !S_ISREG(st.st_mode)) {
+			r = kvs__fail(srv, KVS_E_DEVICE, "allocations[%u]: fd is not a memfd", i);
+			goto err_imports;
+		}
+		if ((uint64_t)st.st_size < rq->allocs[i].size) {
+			r = kvs__fail(srv, KVS_E_RANGE, "allocations[%u]: memfd holds %lld bytes, %llu declared", i,
+				      (long long)st.st_size, (unsigned long long)rq->allocs[i].size);
+			goto err_imports;
+		}
+		imp = calloc(1, sizeof(*imp));
+		if (!imp) {
+			r = kvs__fail(srv, KVS_E_INTERNAL, "out of memory");
+			goto err_imports;
+		}
+		void *base = mmap(NULL, rq->allocs[i].size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+		if (base == MAP_FAILED) {
+			free(imp);
+			r = kvs__fail(srv, KVS_E_DEVICE, "allocations[%u]: mmap failed: %s", i, strerror(errno));
+			goto err_imports;
+		}
+		memcpy(imp->key, key, sizeof(key));
+		imp->base = base;
+		imp->size = rq->allocs[i].size;
+		imp->fd = fd;
+		imp->dev = st.st_dev;
+		imp->ino = st.st_ino;
+		imp->refs = 1;
+		claimed[i]->fd = -1; /* the import owns it now */
+		if (kvs_htab_put(R->imports, imp) < 0) {
+			claimed[i]->fd = fd;
+			munmap(base, imp->size);
+			free(imp);
+			r = kvs__fail(srv, KVS_E_INTERNAL, "out of memory");
+			goto err_imports;
+		}
+		imps[i] = imp;
+		fresh[i] = true;
+	}
+
+	g = calloc(1, sizeof(*g));
+	if (!g)
+		goto err_nomem;
+	g->groups = calloc(rq->n_groups, sizeof(*g->groups));
+	g->views = calloc(rq->n_layers, sizeof(*g->views));
+	g->imports = calloc(n, sizeof(*g->imports));
+	if (!g->groups || !g->views || !g->imports)
+		goto err_nomem;
+	g->n_imports = n;
+	memcpy(g->imports, imps, n * sizeof(*imps));
+	g->n_groups = rq->n_groups;
+	for (uint32_t gi = 0; gi < rq->n_groups; gi++) {
+		kvs_reg_group *G = &g->groups[gi];
+		G->desc = rq->groups[gi];
+		G->layers = calloc(rq->n_layers, sizeof(uint32_t));
+		if (!G->layers)
+			goto err_nomem;
+		for (uint32_t li = 0; li < rq->n_layers; li++) {
+			const kvs_layer_desc *l = &rq->layers[li];
+			if (l->group != G->desc.id)
+				continue;
+			G->layers[G->n_layers++] = li;
+			G->num_blocks = l->num_blocks;
+			G->obj_bytes += l->block_bytes * G->desc.blocks_per_chunk;
+		}
+	}
+	g->n_views = rq->n_layers;
+	for (uint32_t li = 0; li < rq->n_layers; li++) {
+		const kvs_layer_desc *l = &rq->layers[li];
+		g->views[li] = (kvs_view){.base = imps[l->alloc]->base + l->offset, .num_blocks = l->num_blocks,
+					  .stride = l->block_stride, .block_bytes = l->block_bytes,
+					  .imp = imps[l->alloc]};
+	}
+	do
+		randombytes_buf(&g->id, sizeof(g->id));
+	while (g->id == 0 || kvs_htab_get(R->regs, &g->id));
+	g->session = s->id;
+	snprintf(g->ns, sizeof(g->ns), "%s", s->ns);
+	g->world = s->world;
+	g->rank = s->rank;
+	g->dev_type = rq->device.type;
+	/* replace the session's earlier registration only now that this one works */
+	kvs_reg *old = kvs_registry_of_session(R, s->id);
+	if (kvs_htab_put(R->regs, g) < 0)
+		goto err_nomem;
+	s->n_regs++;
+	if (old) {
+		old->dead = true;
+		if (old->leases == 0)
+			reg_release(srv, old);
+	}
+	for (i = 0; i < n; i++)
+		if (claimed[i]) {
+			if (claimed[i]->fd >= 0)
+				close(claimed[i]->fd);
+			free(claimed[i]);
+		}
+	uint64_t imported = 0;
+	for (i = 0; i < n; i++)
+		imported += fresh[i];
+	kvs_info("registration %llu: session %016llx rank %u/%u, %u groups, %u layers, %llu imported, %llu aliased",
+		 (unsigned long long)g->id, (unsigned long long)s->id, s->rank, s->world, g->n_groups,
+		 g->n_views, (unsigned long long)imported, (unsigned long long)(n - imported));
+	kvs_msg rep = {.op = KVS_OP_REGISTER, .id = rq->id, .ok = true, .registration = g->id,
+		       .imported = imported, .aliased = n - imported};
+	kvs__reply(srv, s->ident, s->ident_len, &rep);
+	return 0;
+
+err_nomem:
+	r = kvs__fail(srv, KVS_E_INTERNAL, "out of memory");
+	if (g) {
+		for (uint32_t gi = 0; g->groups && gi < g->n_groups; gi++)
+			free(g->groups[gi].layers);
+		free(g->groups);
+		free(g->views);
+		free(g->imports);
+		free(g);
+	}
+	i = n;
+err_imports:
+	/* release exactly what this attempt acquired, newest first */
+	while (i-- > 0)
+		if (imps[i]) {
+			if (fresh[i])
+				claimed[i]->fd = -1; /* closed by import_unref */
+			import_unref(R, imps[i]);
+		}
+	i = n;
+err_claims:
+	for (uint32_t k = 0; k < n; k++)
+		if (claimed[k]) {
+			if (claimed[k]->fd >= 0)
+				close(claimed[k]->fd);
+			free(claimed[k]);
+		}
+	return r;
+}
+
+/* ---- unregister -------------------------------------------------------------- */
+
+int kvs__op_unregister(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
+{
+	kvs_reg *g = kvs_htab_get(srv->reg->regs, &rq->registration);
+	if (!g || g->session != s->id || g->dead)
+		return kvs__fail(srv, KVS_E_NOREG, "registration %llu is not held by this session",
+				 (unsigned long long)rq->registration);
+	if (g->unreg_id)
+		return kvs__fail(srv, KVS_E_BUSY, "an unregister of %llu is already waiting",
+				 (unsigned long long)g->id);
+	g->dead = true; /* unreachable for new job parts from now on */
+	if (g->leases == 0) {
+		reg_release(srv, g);
+		kvs_msg rep = {.op = KVS_OP_UNREGISTER, .id = rq->id, .ok = true};
+		kvs__reply(srv, s->ident, s->ident_len, &rep);
+		return 0;
+	}
+	g->unreg_id = rq->id;
+	g->unreg_deadline_ms = srv->now_ms + srv->cfg.drain_ms;
+	kvs_info("registration %llu: unregister waits for %u leases", (unsigned long long)g->id, g->leases);
+	return 0;
+}
+
+void kvs_registry_tick(kvs_server *srv)
+{
+	size_t pos = 0;
+	kvs_reg *g;
+	while ((g = kvs_htab_next(srv->reg->regs, &pos)) != NULL) {
+		if (!g->unreg_id)
+			continue;
+		uint64_t id = g->unreg_id;
+		uint64_t sess = g->session;
+		if (g->leases == 0) {
+			g->unreg_id = 0;
+			reg_release(srv, g);
+			kvs_msg rep = {.op = KVS_OP_UNREGISTER, .id = id, .ok = true};
+			kvs__send_to_session(srv, sess, &rep);
+			pos = 0; /* table changed: restart the sweep */
+		} else if (g->unreg_deadline_ms <= srv->now_ms) {
+			g->unreg_id = 0;
+			g->dead = false; /* still usable: the caller decides what next */
+			kvs__err_to_session(srv, sess, KVS_OP_UNREGISTER, id, KVS_E_BUSY,
+					    "registration %llu still has %u active leases after %llu ms",
+					    (unsigned long long)g->id, g->leases,
+					    (unsigned long long)srv->cfg.drain_ms);
+		}
+	}
+}
+
+void kvs_registry_session_gone(kvs_server *srv, uint64_t session)
+{
+	size_t pos = 0;
+	kvs_reg *g;
+	while ((g = kvs_htab_next(srv->reg->regs, &pos)) != NULL) {
+		if (g->session != session)
+			continue;
+		g->dead = true;
+		g->unreg_id = 0;
+		if (g->leases == 0) {
+			reg_release(srv, g);
+			pos = 0;
+		}
+	}
+}

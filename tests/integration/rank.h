@@ -1,0 +1,60 @@
+/* Simulated TP rank processes for integration tests. Each rank is a real
+ * forked process with its own libkvside client and its own memfd KV region
+ * (2 groups, 8 layers, padded strides, random bytes); the test drives it over
+ * a pipe with small commands and gets a result back. */
+#ifndef KVT_RANK_H
+#define KVT_RANK_H
+
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "harness.h"
+
+/* Geometry shared by every rank (see rank.c). */
+#define KVT_G0_BPC 4   /* group 0: 16 tokens/block, 4 blocks/chunk */
+#define KVT_G1_BPC 2   /* group 1: 32 tokens/block, 2 blocks/chunk */
+#define KVT_CHUNK_TOKENS 64
+#define KVT_NUM_BLOCKS 64
+
+enum kvt_cmd_op { KVT_STORE = 1, KVT_RETRIEVE, KVT_COMPLETE, KVT_VERIFY, KVT_UNREGISTER,
+		  KVT_REGISTER, KVT_STATE, KVT_EXIT, KVT_STORE_RAW };
+
+typedef struct kvt_cmd {
+	int op;
+	uint64_t job;
+	uint32_t first_key, n_keys; /* keys first_key .. first_key + n_keys - 1 */
+	uint32_t src_base;          /* chunk k uses blocks base + k*bpc .. */
+	uint32_t dst_base;
+	uint64_t skip_tokens;
+	int ok;                     /* complete status */
+	int timeout_ms;
+	/* KVT_STORE_RAW: explicit block lists */
+	uint32_t len0, len1;
+	int64_t ids0[64], ids1[64];
+} kvt_cmd;
+
+typedef struct kvt_res {
+	int code;
+	int state;
+	uint64_t value; /* VERIFY: mismatching bytes; STATE: reconnects */
+	uint64_t value2; /* VERIFY: bytes changed outside destinations */
+} kvt_res;
+
+typedef struct kvt_rank {
+	pid_t pid;
+	int cmd_fd, res_fd;
+	uint32_t rank;
+} kvt_rank;
+
+/* Forks a rank process: opens a client (engine, rank/world), builds and
+ * registers its region. Returns 0 once the rank reports it registered. */
+int kvt_rank_start(kvt_rank *r, kvt_server *s, const char *engine, uint32_t rank, uint32_t world);
+/* Sends one command and waits for its result (timeout 30 s). */
+int kvt_rank_do(kvt_rank *r, const kvt_cmd *cmd, kvt_res *res);
+void kvt_rank_kill(kvt_rank *r);
+void kvt_rank_stop(kvt_rank *r);
+
+/* The 32-byte key of chunk k of the test prompt (namespace "test-model"). */
+void kvt_key(uint32_t k, uint8_t out[32]);
+
+#endif
