@@ -45,8 +45,13 @@ int kvt_server_start(kvt_server *s)
 	if (pid < 0)
 		return -1;
 	if (pid == 0) {
-		char *argv[24];
+		char *argv[48];
 		int n = 0;
+		/* KVT_SERVER_WRAPPER (e.g. "valgrind --leak-check=full
+		 * --error-exitcode=99") runs the server under a tool */
+		char *wrap = getenv("KVT_SERVER_WRAPPER") ? strdup(getenv("KVT_SERVER_WRAPPER")) : NULL;
+		for (char *tok = wrap ? strtok(wrap, " ") : NULL; tok && n < 20; tok = strtok(NULL, " "))
+			argv[n++] = tok;
 		argv[n++] = (char *)exe;
 		argv[n++] = "--broker-dir";
 		argv[n++] = s->run;
@@ -57,11 +62,11 @@ int kvt_server_start(kvt_server *s)
 			argv[n++] = "warn";
 		}
 		argv[n] = NULL;
-		execv(exe, argv);
+		execvp(argv[0], argv);
 		_exit(127);
 	}
 	s->pid = pid;
-	uint64_t deadline = kvt_now_ms() + 5000;
+	uint64_t deadline = kvt_now_ms() + (getenv("KVT_SERVER_WRAPPER") ? 30000 : 5000);
 	while (kvt_now_ms() < deadline) {
 		char path[400];
 		snprintf(path, sizeof(path), "%s/kvside.zmq", s->run);
@@ -87,7 +92,7 @@ int kvt_server_stop(kvt_server *s)
 	if (s->pid <= 0)
 		return -1;
 	kill(s->pid, SIGTERM);
-	uint64_t deadline = kvt_now_ms() + 10000;
+	uint64_t deadline = kvt_now_ms() + 30000;
 	int st = 0;
 	while (kvt_now_ms() < deadline) {
 		if (waitpid(s->pid, &st, WNOHANG) == s->pid) {
