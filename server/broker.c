@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -83,6 +84,14 @@ int kvs__broker_open(kvs_server *srv)
 		return r;
 	}
 	srv->broker_fd = fd;
+	/* parked fds must never exhaust the process's fd table (libzmq aborts
+	 * on EMFILE): keep at most a quarter of it for them */
+	struct rlimit rl;
+	srv->max_parked = KVS_MAX_PARKED;
+	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur / 4 < KVS_MAX_PARKED)
+		srv->max_parked = (uint32_t)(rl.rlim_cur / 4);
+	/* a spare fd, released to accept-and-close a peer when the table is full */
+	srv->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
 	return 0;
 }
 
@@ -110,6 +119,9 @@ void kvs__broker_close(kvs_server *srv)
 			parked_free(p);
 		}
 	}
+	if (srv->spare_fd >= 0)
+		close(srv->spare_fd);
+	srv->spare_fd = -1;
 	if (srv->broker_fd >= 0) {
 		close(srv->broker_fd);
 		unlink(srv->broker_path);
@@ -121,20 +133,31 @@ void kvs__broker_accept(kvs_server *srv)
 {
 	for (;;) {
 		int fd = accept4(srv->broker_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+		if (fd < 0 && (errno == EMFILE || errno == ENFILE) && srv->spare_fd >= 0) {
+			/* out of fds: shed this peer instead of spinning on it */
+			close(srv->spare_fd);
+			fd = accept4(srv->broker_fd, NULL, NULL, SOCK_CLOEXEC);
+			if (fd >= 0)
+				close(fd);
+			srv->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+			srv->st.broker_rejected++;
+			kvs_warn("out of file descriptors: refused a broker peer");
+			continue;
+		}
 		if (fd < 0)
 			return;
 		struct ucred cr;
 		socklen_t cl = sizeof(cr);
 		if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &cl) < 0 ||
 		    (cr.uid != geteuid() && (srv->cfg.allow_uid < 0 || cr.uid != (uid_t)srv->cfg.allow_uid))) {
-			kvs_warn("broker: refused peer pid %d uid %u (not allowed)", (int)cr.pid,
+			kvs_warn("refused peer pid %d uid %u (not allowed)", (int)cr.pid,
 				 (unsigned)cr.uid);
 			srv->st.broker_rejected++;
 			close(fd);
 			continue;
 		}
 		if (srv->n_conns >= KVS_MAX_BROKER_CONNS) {
-			kvs_warn("broker: too many connections, refusing pid %d", (int)cr.pid);
+			kvs_warn("too many connections, refusing pid %d", (int)cr.pid);
 			srv->st.broker_rejected++;
 			close(fd);
 			continue;
@@ -165,7 +188,7 @@ void kvs__broker_conn_ready(kvs_server *srv, int idx)
 		return;
 	if (r < 0) {
 		if (r != -ECONNRESET) {
-			kvs_warn("broker: dropping peer: %s", strerror(-r));
+			kvs_warn("dropping peer: %s", strerror(-r));
 			srv->st.broker_rejected++;
 		}
 		conn_remove(srv, idx);
@@ -180,7 +203,7 @@ void kvs__broker_conn_ready(kvs_server *srv, int idx)
 	else if (kvs_broker_req_unpack(rec, &req) != 0)
 		why = "bad magic, version or flags";
 	if (why) {
-		kvs_warn("broker: dropping peer: %s", why);
+		kvs_warn("dropping peer: %s", why);
 		srv->st.broker_rejected++;
 		if (nfds)
 			close(fds[0]);
@@ -190,7 +213,7 @@ void kvs__broker_conn_ready(kvs_server *srv, int idx)
 	int status = 0;
 	if (kvs_htab_get(srv->parked, req.token))
 		status = KVS_E_AUTH; /* a token is good for one fd */
-	else if (kvs_htab_count(srv->parked) >= KVS_MAX_PARKED)
+	else if (kvs_htab_count(srv->parked) >= srv->max_parked)
 		status = KVS_E_LIMIT;
 	kvs_parked *p = NULL;
 	if (!status) {
@@ -212,7 +235,7 @@ void kvs__broker_conn_ready(kvs_server *srv, int idx)
 	}
 	send_status(c->fd, status);
 	if (status) {
-		kvs_warn("broker: refused record: %s", kvs_strerror(status));
+		kvs_warn("refused record: %s", kvs_strerror(status));
 		srv->st.broker_rejected++;
 		close(fds[0]);
 		conn_remove(srv, idx);
@@ -234,7 +257,7 @@ void kvs__broker_expire(kvs_server *srv)
 			continue;
 		kvs_htab_iter_del(srv->parked, &pos);
 		srv->st.broker_expired++;
-		kvs_info("broker: closing unclaimed fd after %llu ms", (unsigned long long)srv->cfg.fd_park_ms);
+		kvs_info("closing unclaimed fd after %llu ms", (unsigned long long)srv->cfg.fd_park_ms);
 		parked_free(p);
 	}
 }

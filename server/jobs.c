@@ -17,6 +17,7 @@
 #define KVS_LOG_COMPONENT "jobs"
 #include "copy_host.h"
 #include "kvs_l1.h"
+#include "kvs_l2.h"
 #include "kvs_log.h"
 #include "ops.h"
 #include "registry.h"
@@ -41,10 +42,26 @@ typedef struct kvs_part {
 	uint32_t copies_pending;
 	int copy_err;
 	kvs_l1_obj **objs;
+	uint64_t *geoms; /* store: L2 geometry fingerprint per object */
 	uint32_t n_objs;
 	uint64_t retained;
 	uint64_t reply_id; /* retrieve: deferred reply, 0 = none or sent */
+	/* retrieve of L2-only chunks: copies are held until every promotion
+	 * into L1 finished, so a failed one leaves the rank's memory untouched */
+	uint32_t promotes_pending;
+	int fail_code;
+	kvs_copy_task **held;
+	uint32_t n_held;
 } kvs_part;
+
+/* An L2 -> L1 promotion in flight (one per object), with the retrieve parts
+ * waiting for it. Invariant: obj is RESERVED until the read completes. */
+typedef struct kvs_promo {
+	kvs_objkey key; /* table key */
+	kvs_l1_obj *obj;
+	kvs_part **waiters;
+	uint32_t n_waiters;
+} kvs_promo;
 
 /* An open job. Invariant: it is in jobs->open iff it is not yet terminal;
  * aborting jobs stay open until their copies finish. */
@@ -84,6 +101,7 @@ struct kvs_jobs {
 	kvs_terminal **ring; /* FIFO of terminal entries, cap entries */
 	uint32_t cap, head, count;
 	uint64_t retained; /* sum of part->retained over open jobs */
+	kvs_htab *promos;  /* kvs_promo by object key */
 	kvs_lpin *lpins;   /* lookup pins (pin_ms) */
 	uint32_t n_lpins, cap_lpins;
 	kvs_jobs_stats st;
@@ -146,7 +164,10 @@ int kvs_jobs_create(kvs_server *srv, kvs_jobs **ret)
 		r = kvs_htab_create(JOBKEY_BYTES, offsetof(kvs_job, key), &j->open);
 	if (!r)
 		r = kvs_htab_create(JOBKEY_BYTES, offsetof(kvs_terminal, key), &j->terminal);
+	if (!r)
+		r = kvs_htab_create(sizeof(kvs_objkey), offsetof(kvs_promo, key), &j->promos);
 	if (r) {
+		kvs_htab_destroy(j->terminal);
 		kvs_htab_destroy(j->open);
 		free(j->ring);
 		free(j);
@@ -247,16 +268,27 @@ static void part_release(kvs_server *srv, kvs_part *p, bool commit)
 	kvs_jobs *J = srv->jobs;
 	for (uint32_t i = 0; i < p->n_objs; i++) {
 		if (p->job->kind == KVS_OP_STORE) {
-			if (commit)
+			if (commit) {
 				kvs_l1_commit(srv->l1, p->objs[i]);
-			else
+				if (srv->l2) {
+					/* written behind; pinned until the writer has copied it */
+					kvs_l1_obj *o = p->objs[i];
+					kvs_l1_pin(srv->l1, o);
+					if (kvs_l2_write(srv->l2, kvs_l1_key(o), p->geoms[i], kvs_l1_data(o),
+							 kvs_l1_len(o), o) != 0)
+						kvs_l1_unpin(srv->l1, o);
+				}
+			} else {
 				kvs_l1_abort(srv->l1, p->objs[i]);
+			}
 		} else {
 			kvs_l1_unpin(srv->l1, p->objs[i]);
 		}
 	}
 	free(p->objs);
+	free(p->geoms);
 	p->objs = NULL;
+	p->geoms = NULL;
 	p->n_objs = 0;
 	J->retained -= p->retained;
 	p->retained = 0;
@@ -279,7 +311,7 @@ static uint8_t try_finalize(kvs_server *srv, kvs_job *job)
 {
 	kvs_jobs *J = srv->jobs;
 	for (uint32_t r = 0; r < job->world; r++)
-		if (job->parts[r].copies_pending)
+		if (job->parts[r].copies_pending || job->parts[r].promotes_pending)
 			return job->aborting ? KVS_JOB_ABORTED : KVS_JOB_OPEN;
 	if (!job->aborting) {
 		if (job->ranks_done < job->world)
@@ -362,6 +394,7 @@ static void reply_state(kvs_server *srv, kvs_session *s, const kvs_msg *rq, uint
 
 typedef struct plan {
 	kvs_l1_obj **objs;
+	uint64_t *geoms;
 	uint32_t n_objs;
 	kvs_copy_task **tasks;
 	uint32_t n_tasks;
@@ -381,6 +414,7 @@ static void plan_undo(kvs_server *srv, plan *pl, kvs_op kind)
 		free(pl->tasks[i]);
 	}
 	free(pl->objs);
+	free(pl->geoms);
 	free(pl->tasks);
 }
 
@@ -425,12 +459,13 @@ static int plan_store(kvs_server *srv, kvs_session *s, const kvs_reg *g, const k
 	ns_digest(s->ns, ns);
 	uint64_t max = (uint64_t)rq->n_keys * g->n_groups;
 	pl->objs = calloc(max ? max : 1, sizeof(*pl->objs));
+	pl->geoms = calloc(max ? max : 1, sizeof(*pl->geoms));
 	pl->tasks = calloc(max ? max : 1, sizeof(*pl->tasks));
 	uint64_t total_ids = 0;
 	for (uint32_t gi = 0; gi < g->n_groups; gi++)
 		total_ids += rq->blocks.len[gi];
 	uint64_t *uniq = calloc(total_ids ? total_ids : 1, sizeof(*uniq));
-	if (!pl->objs || !pl->tasks || !uniq) {
+	if (!pl->objs || !pl->geoms || !pl->tasks || !uniq) {
 		free(uniq);
 		return kvs__fail(srv, KVS_E_INTERNAL, "out of memory");
 	}
@@ -465,6 +500,7 @@ static int plan_store(kvs_server *srv, kvs_session *s, const kvs_reg *g, const k
 						 "L1 cannot hold %llu more bytes: %s",
 						 (unsigned long long)G->obj_bytes, kvs_strerror(r));
 			}
+			pl->geoms[pl->n_objs] = G->geom;
 			pl->objs[pl->n_objs++] = o;
 			kvs_copy_task *t = calloc(1, sizeof(*t));
 			kvs_copy_seg *segs = calloc((size_t)G->n_layers * bpc, sizeof(*segs));
@@ -506,28 +542,182 @@ static int plan_store(kvs_server *srv, kvs_session *s, const kvs_reg *g, const k
 	return 0;
 }
 
-/* Builds the copy tasks of a retrieve part: every needed object must be
- * committed in L1 (else E_MISS, nothing written); blocks wholly inside
- * skip_tokens and null destination ids are not written. */
-static int plan_retrieve(kvs_server *srv, kvs_session *s, const kvs_reg *g, const kvs_msg *rq, plan *pl)
+/* Promotions (L2 -> L1). */
+
+static void promo_wait(kvs_promo *pr, kvs_part *p)
+{
+	kvs_part **w = realloc(pr->waiters, (pr->n_waiters + 1) * sizeof(*w));
+	if (!w) {
+		/* cannot wait: the part fails cleanly when the promotion ends */
+		p->fail_code = KVS_E_INTERNAL;
+		return;
+	}
+	pr->waiters = w;
+	pr->waiters[pr->n_waiters++] = p;
+	p->promotes_pending++;
+}
+
+/* Starts (or finds) the promotion of key. Returns NULL (with *err) if L1 has
+ * no room or memory runs out. */
+static kvs_promo *promo_start(kvs_server *srv, const kvs_objkey *key, uint64_t geom, uint64_t len, int *err)
+{
+	kvs_promo *pr = kvs_htab_get(srv->jobs->promos, key);
+	if (pr)
+		return pr;
+	pr = calloc(1, sizeof(*pr));
+	if (!pr) {
+		*err = KVS_E_INTERNAL;
+		return NULL;
+	}
+	pr->key = *key;
+	int r = kvs_l1_reserve(srv->l1, key, len, &pr->obj);
+	if (r) {
+		free(pr);
+		*err = r == KVS_E_NOSPACE ? KVS_E_NOSPACE : KVS_E_INTERNAL;
+		return NULL;
+	}
+	if (kvs_htab_put(srv->jobs->promos, pr) < 0 ||
+	    kvs_l2_read(srv->l2, key, geom, kvs_l1_data(pr->obj), len, pr) != 0) {
+		kvs_htab_del(srv->jobs->promos, key);
+		kvs_l1_abort(srv->l1, pr->obj);
+		free(pr);
+		*err = KVS_E_INTERNAL;
+		return NULL;
+	}
+	srv->jobs->st.promotions++;
+	return pr;
+}
+
+static void part_submit(kvs_server *srv, kvs_part *p, kvs_copy_task **tasks, uint32_t n)
+{
+	p->copies_pending += n;
+	srv->jobs->st.retrieve_objects += n;
+	for (uint32_t i = 0; i < n; i++) {
+		tasks[i]->owner = p;
+		kvs_copy_pool_submit(srv->pool, tasks[i]);
+	}
+}
+
+static void free_tasks(kvs_copy_task **tasks, uint32_t n)
+{
+	for (uint32_t i = 0; i < n; i++) {
+		free(tasks[i]->segs);
+		free(tasks[i]);
+	}
+	free(tasks);
+}
+
+/* A retrieve part whose promotions all ended: fail it or release its copies. */
+static void part_promoted(kvs_server *srv, kvs_part *p)
+{
+	kvs_job *job = p->job;
+	if (p->fail_code) {
+		free_tasks(p->held, p->n_held);
+		p->held = NULL;
+		p->n_held = 0;
+		if (p->reply_id)
+			kvs__err_to_session(srv, p->session, KVS_OP_RETRIEVE, p->reply_id, p->fail_code,
+					    "%s", p->fail_code == KVS_E_MISS ? "a chunk could not be read back from L2 (dropped or corrupt); nothing was written"
+									     : "no room in L1 to promote L2 chunks; nothing was written");
+		p->reply_id = 0;
+		job_abort(srv, job, "rank %u retrieve failed: %s", (uint32_t)(p - job->parts), kvs_error_name(p->fail_code));
+		try_finalize(srv, job);
+		return;
+	}
+	part_submit(srv, p, p->held, p->n_held);
+	free(p->held);
+	p->held = NULL;
+	p->n_held = 0;
+	if (!p->copies_pending && p->reply_id) {
+		kvs_msg rep = {.op = KVS_OP_RETRIEVE, .id = p->reply_id, .ok = true, .job = job->id, .state = KVS_JOB_OPEN};
+		kvs__send_to_session(srv, p->session, &rep);
+		p->reply_id = 0;
+		try_finalize(srv, job);
+	}
+}
+
+static void promo_done(kvs_server *srv, kvs_promo *pr, int result)
+{
+	kvs_htab_del(srv->jobs->promos, &pr->key);
+	if (result == 0) {
+		kvs_l1_commit(srv->l1, pr->obj);
+	} else {
+		kvs_l1_abort(srv->l1, pr->obj);
+		srv->jobs->st.promotion_failures++;
+	}
+	for (uint32_t i = 0; i < pr->n_waiters; i++) {
+		kvs_part *p = pr->waiters[i];
+		if (result == 0) {
+			kvs_l1_pin(srv->l1, pr->obj);
+			p->objs[p->n_objs++] = pr->obj;
+		} else if (!p->fail_code) {
+			p->fail_code = KVS_E_MISS;
+		}
+		if (--p->promotes_pending == 0)
+			part_promoted(srv, p);
+	}
+	free(pr->waiters);
+	free(pr);
+}
+
+/* Where a retrieve finds one object: in L1, or only in L2 (len given). */
+static int locate(kvs_server *srv, const kvs_objkey *key, uint64_t geom, uint64_t want_len, kvs_l1_obj **ret_l1)
+{
+	*ret_l1 = kvs_l1_get(srv->l1, key);
+	if (*ret_l1)
+		return 0;
+	if (kvs_htab_get(srv->jobs->promos, key))
+		return 0; /* being promoted right now */
+	uint64_t len = 0;
+	if (srv->l2 && kvs_l2_contains(srv->l2, key, geom, &len) == 0 && len == want_len)
+		return 0;
+	return KVS_E_MISS;
+}
+
+/* Builds the copy tasks of a retrieve part. Every needed object must be in
+ * L1 or L2 (else E_MISS, nothing touched). Objects only in L2 are promoted
+ * into L1 first; the part's copies are then held until every promotion has
+ * ended. Blocks wholly inside skip_tokens and null destination ids are not
+ * written. */
+static int plan_retrieve(kvs_server *srv, kvs_session *s, const kvs_reg *g, const kvs_msg *rq, plan *pl,
+			 kvs_part *p)
 {
 	uint8_t ns[16];
 	ns_digest(s->ns, ns);
 	uint64_t max = (uint64_t)rq->n_keys * g->n_groups;
-	pl->objs = calloc(max ? max : 1, sizeof(*pl->objs));
-	pl->tasks = calloc(max ? max : 1, sizeof(*pl->tasks));
-	if (!pl->objs || !pl->tasks)
-		return kvs__fail(srv, KVS_E_INTERNAL, "out of memory");
+	/* pass 1: presence only, no side effects */
 	for (uint32_t gi = 0; gi < g->n_groups; gi++) {
 		const kvs_reg_group *G = &g->groups[gi];
 		uint32_t bpc = G->desc.blocks_per_chunk;
-		uint64_t tpb = G->desc.tokens_per_block;
+		if (bpc > 4096)
+			return kvs__fail(srv, KVS_E_LIMIT, "blocks_per_chunk above 4096");
 		for (uint32_t k = 0; k < rq->n_keys; k++) {
+			const int64_t *ids = rq->blocks.ids[gi] + (size_t)k * bpc;
+			bool any = false;
+			for (uint32_t b = 0; b < bpc && !any; b++)
+				any = !is_null(G, ids[b]) && ((uint64_t)k * bpc + b + 1) * G->desc.tokens_per_block > rq->skip_tokens;
+			if (!any)
+				continue;
+			kvs_objkey key;
+			kvs_l1_obj *o;
+			obj_key(&key, ns, s->world, s->rank, G->desc.id, rq->keys + (size_t)k * KVS_KEY_BYTES);
+			if (locate(srv, &key, G->geom, G->obj_bytes, &o) != 0)
+				return kvs__fail(srv, KVS_E_MISS, "chunk %u of group %u is not cached", k, G->desc.id);
+		}
+	}
+	p->objs = calloc(max ? max : 1, sizeof(*p->objs));
+	pl->tasks = calloc(max ? max : 1, sizeof(*pl->tasks));
+	if (!p->objs || !pl->tasks)
+		return kvs__fail(srv, KVS_E_INTERNAL, "out of memory");
+	/* pass 2: pin what is in L1, promote the rest, build the copies */
+	for (uint32_t gi = 0; gi < g->n_groups && !p->fail_code; gi++) {
+		const kvs_reg_group *G = &g->groups[gi];
+		uint32_t bpc = G->desc.blocks_per_chunk;
+		uint64_t tpb = G->desc.tokens_per_block;
+		for (uint32_t k = 0; k < rq->n_keys && !p->fail_code; k++) {
 			const int64_t *ids = rq->blocks.ids[gi] + (size_t)k * bpc;
 			bool want[4096];
 			uint32_t n_want = 0;
-			if (bpc > 4096)
-				return kvs__fail(srv, KVS_E_LIMIT, "blocks_per_chunk above 4096");
 			for (uint32_t b = 0; b < bpc; b++) {
 				uint64_t block_end = ((uint64_t)k * bpc + b + 1) * tpb;
 				want[b] = !is_null(G, ids[b]) && block_end > rq->skip_tokens;
@@ -538,19 +728,31 @@ static int plan_retrieve(kvs_server *srv, kvs_session *s, const kvs_reg *g, cons
 			kvs_objkey key;
 			obj_key(&key, ns, s->world, s->rank, G->desc.id, rq->keys + (size_t)k * KVS_KEY_BYTES);
 			kvs_l1_obj *o = kvs_l1_get(srv->l1, &key);
-			if (!o)
-				return kvs__fail(srv, KVS_E_MISS, "chunk %u of group %u is not cached", k, G->desc.id);
-			kvs_l1_pin(srv->l1, o);
-			kvs_l1_touch(srv->l1, o);
-			pl->objs[pl->n_objs++] = o;
+			const uint8_t *src;
+			if (o) {
+				kvs_l1_pin(srv->l1, o);
+				kvs_l1_touch(srv->l1, o);
+				p->objs[p->n_objs++] = o;
+				src = kvs_l1_data(o);
+			} else {
+				int err = 0;
+				kvs_promo *pr = promo_start(srv, &key, G->geom, G->obj_bytes, &err);
+				if (!pr) {
+					p->fail_code = err;
+					break;
+				}
+				promo_wait(pr, p);
+				src = kvs_l1_data(pr->obj);
+				kvs_l2_touch(srv->l2, &key);
+			}
 			kvs_copy_task *t = calloc(1, sizeof(*t));
 			kvs_copy_seg *segs = calloc((size_t)G->n_layers * n_want, sizeof(*segs));
 			if (!t || !segs) {
 				free(t);
 				free(segs);
-				return kvs__fail(srv, KVS_E_INTERNAL, "out of memory");
+				p->fail_code = KVS_E_INTERNAL;
+				break;
 			}
-			const uint8_t *src = kvs_l1_data(o);
 			uint32_t n = 0;
 			for (uint32_t li = 0; li < G->n_layers; li++) {
 				const kvs_view *v = &g->views[G->layers[li]];
@@ -567,7 +769,6 @@ static int plan_retrieve(kvs_server *srv, kvs_session *s, const kvs_reg *g, cons
 			}
 			t->segs = segs;
 			t->n_segs = n;
-			t->obj = o;
 			pl->tasks[pl->n_tasks++] = t;
 		}
 	}
@@ -617,52 +818,64 @@ static int op_part(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
 	/* validate, then plan; a failure is final for this rank's part, so the
 	 * job (created if this is its first part) aborts */
 	kvs_reg *g = kvs_registry_of_session(srv->reg, s->id);
-	int r;
-	plan pl = {0};
-	if (!g)
-		r = kvs__fail(srv, KVS_E_NOREG, "session has no registration");
-	else
-		r = check_blocks(srv, g, rq);
-	if (!r)
-		r = rq->op == KVS_OP_STORE ? plan_store(srv, s, g, rq, &pl) : plan_retrieve(srv, s, g, rq, &pl);
+	int r = g ? check_blocks(srv, g, rq) : kvs__fail(srv, KVS_E_NOREG, "session has no registration");
 	if (!job) {
 		job = job_new(srv, s, key, rq->job, rq->op);
-		if (!job) {
-			plan_undo(srv, &pl, rq->op);
+		if (!job)
 			return kvs__fail(srv, KVS_E_INTERNAL, "out of memory");
-		}
 	}
 	kvs_part *p = &job->parts[s->rank];
 	p->present = true;
 	p->session = s->id;
 	memcpy(p->digest, dg, 16);
+	plan pl = {0};
+	if (!r)
+		r = rq->op == KVS_OP_STORE ? plan_store(srv, s, g, rq, &pl) : plan_retrieve(srv, s, g, rq, &pl, p);
 	if (r) {
 		plan_undo(srv, &pl, rq->op);
 		job_abort(srv, job, "rank %u part refused: %s", s->rank, kvs_error_name(r));
 		try_finalize(srv, job);
 		return r;
 	}
-	p->objs = pl.objs;
-	p->n_objs = pl.n_objs;
-	p->retained = pl.retained;
-	J->retained += pl.retained;
 	p->reg = g;
 	kvs_reg_lease(g);
-	p->copies_pending = pl.n_tasks;
-	if (rq->op == KVS_OP_STORE)
+	if (rq->op == KVS_OP_STORE) {
+		p->objs = pl.objs;
+		p->geoms = pl.geoms;
+		p->n_objs = pl.n_objs;
+		p->retained = pl.retained;
+		J->retained += pl.retained;
+		p->copies_pending = pl.n_tasks;
 		J->st.store_objects += pl.n_tasks;
-	else
-		J->st.retrieve_objects += pl.n_tasks;
-	for (uint32_t i = 0; i < pl.n_tasks; i++) {
-		pl.tasks[i]->owner = p;
-		kvs_copy_pool_submit(srv->pool, pl.tasks[i]);
-	}
-	free(pl.tasks);
-	if (rq->op == KVS_OP_RETRIEVE && pl.n_tasks) {
-		p->reply_id = rq->id; /* answered once the bytes are in place */
+		for (uint32_t i = 0; i < pl.n_tasks; i++) {
+			pl.tasks[i]->owner = p;
+			kvs_copy_pool_submit(srv->pool, pl.tasks[i]);
+		}
+		free(pl.tasks);
+		reply_state(srv, s, rq, KVS_JOB_OPEN);
 		return 0;
 	}
-	reply_state(srv, s, rq, KVS_JOB_OPEN);
+	/* retrieve: answered once the bytes are in place (or it failed) */
+	p->reply_id = rq->id;
+	if (p->promotes_pending) {
+		p->held = pl.tasks;
+		p->n_held = pl.n_tasks;
+		return 0;
+	}
+	if (p->fail_code) {
+		int code = p->fail_code;
+		p->reply_id = 0;
+		free_tasks(pl.tasks, pl.n_tasks);
+		job_abort(srv, job, "rank %u part refused: %s", s->rank, kvs_error_name(code));
+		try_finalize(srv, job);
+		return kvs__fail(srv, code, "no room in L1 to promote L2 chunks; nothing was written");
+	}
+	part_submit(srv, p, pl.tasks, pl.n_tasks);
+	free(pl.tasks);
+	if (!p->copies_pending) {
+		p->reply_id = 0;
+		reply_state(srv, s, rq, KVS_JOB_OPEN);
+	}
 	return 0;
 }
 
@@ -717,8 +930,23 @@ int kvs__op_complete(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
 
 /* ---- copy completions ------------------------------------------------------------ */
 
+static void l2_completions(kvs_server *srv)
+{
+	kvs_l2_done d[256];
+	uint32_t n;
+	while (srv->l2 && (n = kvs_l2_reap(srv->l2, d, 256)) > 0) {
+		for (uint32_t i = 0; i < n; i++) {
+			if (d[i].op == KVS_L2_WRITE)
+				kvs_l1_unpin(srv->l1, d[i].cookie); /* written (or dropped) */
+			else
+				promo_done(srv, d[i].cookie, d[i].result);
+		}
+	}
+}
+
 void kvs_jobs_completions(kvs_server *srv)
 {
+	l2_completions(srv);
 	kvs_copy_task *t = kvs_copy_pool_reap(srv->pool);
 	while (t) {
 		kvs_copy_task *next = t->next;
@@ -837,8 +1065,8 @@ void kvs_jobs_destroy(kvs_server *srv, kvs_jobs *J)
 	if (!J)
 		return;
 	for_each_open(srv, all_pred, NULL);
-	/* copies still running: wait for them, then finalise */
-	while (kvs_htab_count(J->open)) {
+	/* copies and promotions still running: wait for them, then finalise */
+	while (kvs_htab_count(J->open) || kvs_htab_count(J->promos)) {
 		kvs_jobs_completions(srv);
 		if (kvs_htab_count(J->open))
 			usleep(1000);
@@ -851,10 +1079,28 @@ void kvs_jobs_destroy(kvs_server *srv, kvs_jobs *J)
 	free(J->ring);
 	kvs_htab_destroy(J->open);
 	kvs_htab_destroy(J->terminal);
+	kvs_htab_destroy(J->promos);
 	free(J);
 }
 
 /* ---- lookup and job_status ------------------------------------------------------------ */
+
+static void lookup_pin(kvs_server *srv, kvs_l1_obj *o, uint64_t pin_ms)
+{
+	kvs_jobs *J = srv->jobs;
+	if (J->n_lpins >= 1u << 20)
+		return;
+	if (J->n_lpins == J->cap_lpins) {
+		uint32_t nc = J->cap_lpins ? 2 * J->cap_lpins : 256;
+		kvs_lpin *np = realloc(J->lpins, nc * sizeof(*np));
+		if (!np)
+			return;
+		J->lpins = np;
+		J->cap_lpins = nc;
+	}
+	kvs_l1_pin(srv->l1, o);
+	J->lpins[J->n_lpins++] = (kvs_lpin){o, srv->now_ms + pin_ms};
+}
 
 int kvs__op_lookup(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
 {
@@ -864,47 +1110,54 @@ int kvs__op_lookup(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
 	kvs_reg *g = kvs_registry_of_session(srv->reg, s->id);
 	if (!g)
 		g = kvs_registry_find_ns(srv->reg, s->ns, s->world);
+	uint8_t *tiers = calloc(rq->n_keys ? rq->n_keys : 1, 1);
+	if (!tiers)
+		return kvs__fail(srv, KVS_E_INTERNAL, "out of memory");
 	uint64_t hits = 0;
 	uint8_t ns[16];
 	ns_digest(s->ns, ns);
-	/* a chunk hits only if every rank has every group's object */
+	/* a chunk hits only if every rank has every group's object, in L1 or L2
+	 * (or on its way into L1) */
 	for (uint32_t k = 0; g && k < rq->n_keys; k++) {
 		bool all = true;
+		tiers[k] = KVS_TIER_L1;
 		for (uint32_t r = 0; r < s->world && all; r++)
 			for (uint32_t gi = 0; gi < g->n_groups && all; gi++) {
+				const kvs_reg_group *G = &g->groups[gi];
 				kvs_objkey key;
-				obj_key(&key, ns, s->world, r, g->groups[gi].desc.id, rq->keys + (size_t)k * KVS_KEY_BYTES);
-				all = kvs_l1_get(srv->l1, &key) != NULL;
+				kvs_l1_obj *o;
+				obj_key(&key, ns, s->world, r, G->desc.id, rq->keys + (size_t)k * KVS_KEY_BYTES);
+				all = locate(srv, &key, G->geom, G->obj_bytes, &o) == 0;
+				if (all && !o)
+					tiers[k] = KVS_TIER_L2;
 			}
 		if (!all)
 			break;
 		hits++;
 	}
-	/* refresh (and optionally pin) what hit */
-	for (uint32_t k = 0; k < hits; k++)
+	/* refresh, pin (pin_ms) and prefetch (L2 -> L1) what hit */
+	for (uint32_t k = 0; k < hits; k++) {
 		for (uint32_t r = 0; r < s->world; r++)
 			for (uint32_t gi = 0; gi < g->n_groups; gi++) {
+				const kvs_reg_group *G = &g->groups[gi];
 				kvs_objkey key;
-				obj_key(&key, ns, s->world, r, g->groups[gi].desc.id, rq->keys + (size_t)k * KVS_KEY_BYTES);
+				obj_key(&key, ns, s->world, r, G->desc.id, rq->keys + (size_t)k * KVS_KEY_BYTES);
 				kvs_l1_obj *o = kvs_l1_get(srv->l1, &key);
-				kvs_l1_touch(srv->l1, o);
-				if (rq->pin_ms && J->n_lpins < 1u << 20) {
-					if (J->n_lpins == J->cap_lpins) {
-						uint32_t nc = J->cap_lpins ? 2 * J->cap_lpins : 256;
-						kvs_lpin *np = realloc(J->lpins, nc * sizeof(*np));
-						if (!np)
-							continue;
-						J->lpins = np;
-						J->cap_lpins = nc;
-					}
-					kvs_l1_pin(srv->l1, o);
-					J->lpins[J->n_lpins++] = (kvs_lpin){o, srv->now_ms + rq->pin_ms};
+				if (o) {
+					kvs_l1_touch(srv->l1, o);
+					if (rq->pin_ms)
+						lookup_pin(srv, o, rq->pin_ms);
+				} else if (srv->l2) {
+					kvs_l2_touch(srv->l2, &key);
+					int err;
+					if (rq->prefetch && !kvs_htab_get(J->promos, &key) &&
+					    promo_start(srv, &key, G->geom, G->obj_bytes, &err))
+						J->st.prefetches++;
 				}
 			}
+		J->st.lookup_hits_l2 += tiers[k] == KVS_TIER_L2;
+	}
 	J->st.lookup_hits += hits;
-	uint8_t *tiers = calloc(hits ? hits : 1, 1); /* all L1 until the L2 tier exists */
-	if (!tiers)
-		return kvs__fail(srv, KVS_E_INTERNAL, "out of memory");
 	kvs_msg rep = {.op = KVS_OP_LOOKUP, .id = rq->id, .ok = true, .hits = hits, .tiers = tiers,
 		       .n_tiers = (uint32_t)hits};
 	kvs__reply(srv, s->ident, s->ident_len, &rep);

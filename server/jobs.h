@@ -26,6 +26,7 @@ typedef struct kvs_jobs_stats {
 	uint64_t committed, aborted, terminal_entries, lookups, lookup_hits, lookup_keys;
 	uint64_t store_objects, store_skipped, retrieve_objects, copy_bytes;
 	uint64_t pins;
+	uint64_t promotions, promotion_failures, prefetches, lookup_hits_l2;
 } kvs_jobs_stats;
 void kvs_jobs_get_stats(const kvs_jobs *j, kvs_jobs_stats *st);
 

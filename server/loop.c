@@ -39,6 +39,8 @@ void kvs_server_config_defaults(kvs_server_config *cfg)
 	cfg->copy_threads = 2;
 	cfg->log_level = KVS_LOG_INFO;
 	cfg->allow_uid = -1;
+	cfg->l2_size = 16ull << 30;
+	cfg->l2_sync = 0; /* KVS_L2_SYNC_FULL */
 }
 
 int kvs__fail(kvs_server *srv, int code, const char *fmt, ...)
@@ -247,6 +249,7 @@ int kvs_server_create(const kvs_server_config *cfg, kvs_server **ret)
 		return -ENOMEM;
 	srv->cfg = *cfg;
 	srv->broker_fd = -1;
+	srv->spare_fd = -1;
 	srv->efd = -1;
 	if (sodium_init() < 0) {
 		r = -EIO;

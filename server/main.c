@@ -6,11 +6,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <unistd.h>
 
 #define KVS_LOG_COMPONENT "main"
 #include "kvs_config.h"
+#include "kvs_l2.h"
 #include "kvs_log.h"
 #include "server.h"
 
@@ -29,12 +31,18 @@ static void usage(FILE *f, const kvs_server_config *d)
 		"  --drain-ms MS            unregister waits this long for leases (default %llu)\n"
 		"  --copy-threads N         host copy threads (default %u)\n"
 		"  --allow-uid UID          also accept broker peers with this UID\n"
+		"  --l2-path DIR            LMDB directory of the persistent L2 tier (default: none)\n"
+		"  --l2-size BYTES          L2 capacity (LMDB map size), suffixes K M G (default %llu GiB)\n"
+		"  --l2-sync MODE           full (default): fsync every group commit; nometa: power loss\n"
+		"                           may lose the last commit; none: process crashes lose nothing\n"
+		"                           committed, power loss may lose recent commits\n"
 		"  --log-level LEVEL        error, warn, info, debug (default info)\n"
 		"  --help                   show this text\n"
 		"  --version                show the version\n",
 		d->broker_dir, (unsigned long long)(d->l1_size >> 20), (unsigned long long)d->ttl_ms,
 		(unsigned long long)d->heartbeat_ms, (unsigned long long)d->job_deadline_ms,
-		(unsigned long long)d->fd_park_ms, (unsigned long long)d->drain_ms, d->copy_threads);
+		(unsigned long long)d->fd_park_ms, (unsigned long long)d->drain_ms, d->copy_threads,
+		(unsigned long long)(d->l2_size >> 30));
 }
 
 static int parse_u64(const char *s, uint64_t *out, bool sizes)
@@ -69,7 +77,7 @@ int main(int argc, char **argv)
 	kvs_server_config cfg;
 	kvs_server_config_defaults(&cfg);
 	enum { O_LISTEN = 1, O_BROKER, O_L1, O_TTL, O_HB, O_DEADLINE, O_PARK, O_DRAIN, O_THREADS,
-	       O_UID, O_LOG, O_HELP, O_VERSION };
+	       O_UID, O_LOG, O_HELP, O_VERSION, O_L2PATH, O_L2SIZE, O_L2SYNC };
 	static const struct option opts[] = {
 		{"listen", required_argument, NULL, O_LISTEN},
 		{"broker-dir", required_argument, NULL, O_BROKER},
@@ -84,12 +92,15 @@ int main(int argc, char **argv)
 		{"log-level", required_argument, NULL, O_LOG},
 		{"help", no_argument, NULL, O_HELP},
 		{"version", no_argument, NULL, O_VERSION},
+		{"l2-path", required_argument, NULL, O_L2PATH},
+		{"l2-size", required_argument, NULL, O_L2SIZE},
+		{"l2-sync", required_argument, NULL, O_L2SYNC},
 		{NULL, 0, NULL, 0},
 	};
 	int c;
 	uint64_t v;
 	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-		const char *name = c > 0 && c <= O_VERSION ? opts[c - 1].name : "?";
+		const char *name = c > 0 && c <= O_L2SYNC ? opts[c - 1].name : "?";
 		switch (c) {
 		case O_LISTEN:
 			if (strlen(optarg) >= sizeof(cfg.listen))
@@ -125,6 +136,25 @@ int main(int argc, char **argv)
 			if ((cfg.log_level = kvs_log_level_parse(optarg)) < 0)
 				goto bad;
 			break;
+		case O_L2PATH:
+			if (strlen(optarg) >= sizeof(cfg.l2_path) || !*optarg)
+				goto bad;
+			strcpy(cfg.l2_path, optarg);
+			break;
+		case O_L2SIZE:
+			if (parse_u64(optarg, &cfg.l2_size, true) || cfg.l2_size < (4u << 20))
+				goto bad;
+			break;
+		case O_L2SYNC:
+			if (strcmp(optarg, "full") == 0)
+				cfg.l2_sync = KVS_L2_SYNC_FULL;
+			else if (strcmp(optarg, "nometa") == 0)
+				cfg.l2_sync = KVS_L2_SYNC_NOMETA;
+			else if (strcmp(optarg, "none") == 0)
+				cfg.l2_sync = KVS_L2_SYNC_NONE;
+			else
+				goto bad;
+			break;
 		case O_HELP:
 			usage(stdout, &cfg);
 			return 0;
@@ -149,6 +179,13 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	kvs_log_set_level(cfg.log_level);
+	/* every import holds an fd and every client a socket: raise the soft
+	 * limit to the hard one (libzmq aborts when it runs out of fds) */
+	struct rlimit rl;
+	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+		rl.rlim_cur = rl.rlim_max;
+		setrlimit(RLIMIT_NOFILE, &rl);
+	}
 
 	sigset_t set;
 	sigemptyset(&set);

@@ -8,6 +8,7 @@
 #include "copy_host.h"
 #include "jobs.h"
 #include "kvs_l1.h"
+#include "kvs_l2.h"
 #include "kvs_log.h"
 #include "ops.h"
 #include "registry.h"
@@ -25,11 +26,24 @@ int kvs__ops_init(kvs_server *srv)
 		goto err_l1;
 	if ((r = kvs_copy_pool_create(srv->cfg.copy_threads, srv->efd, &srv->pool)) < 0)
 		goto err_reg;
+	if (srv->cfg.l2_path[0]) {
+		kvs_l2_config l2c;
+		kvs_l2_config_defaults(&l2c);
+		l2c.path = srv->cfg.l2_path;
+		l2c.size = srv->cfg.l2_size;
+		l2c.sync = srv->cfg.l2_sync;
+		l2c.efd = srv->efd;
+		if ((r = kvs_l2_open(&l2c, &srv->l2)) < 0)
+			goto err_pool;
+	}
 	if ((r = kvs_jobs_create(srv, &srv->jobs)) < 0)
-		goto err_pool;
+		goto err_l2;
 	kvs_info("host copy engine: %u threads; CUDA engine: not built in this version",
 		 srv->cfg.copy_threads);
 	return 0;
+err_l2:
+	kvs_l2_close(srv->l2);
+	srv->l2 = NULL;
 err_pool:
 	kvs_copy_pool_destroy(srv->pool);
 	srv->pool = NULL;
@@ -49,6 +63,9 @@ void kvs__ops_fini(kvs_server *srv)
 	srv->jobs = NULL;
 	kvs_copy_pool_destroy(srv->pool);
 	srv->pool = NULL;
+	/* queued L2 writes still read L1 memory: close L2 before L1 goes */
+	kvs_l2_close(srv->l2);
+	srv->l2 = NULL;
 	kvs_registry_destroy(srv->reg);
 	srv->reg = NULL;
 	kvs_l1_destroy(srv->l1);
@@ -76,7 +93,7 @@ uint64_t kvs__ops_pending_jobs(kvs_server *srv, kvs_session *s) { return kvs_job
 int kvs__op_stats(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
 {
 	enum { NE = KVS_E_LAST_ - KVS_E_BASE + 1 };
-	kvs_counter c[64 + NE];
+	kvs_counter c[96 + NE];
 	char names[NE][32];
 	uint32_t n = 0;
 	kvs_l1_stats l1;
@@ -104,8 +121,11 @@ int kvs__op_stats(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
 	C("lookup_keys", js.lookup_keys);
 	C("hits", js.lookup_hits);
 	C("misses", js.lookup_keys - js.lookup_hits);
-	C("hits_l1", js.lookup_hits);
-	C("hits_l2", 0);
+	C("hits_l1", js.lookup_hits - js.lookup_hits_l2);
+	C("hits_l2", js.lookup_hits_l2);
+	C("l2_promotions", js.promotions);
+	C("l2_promotion_failures", js.promotion_failures);
+	C("l2_prefetches", js.prefetches);
 	C("lookup_pins", js.pins);
 	C("l1_capacity", l1.size);
 	C("l1_bytes", l1.bytes_used);
@@ -117,8 +137,26 @@ int kvs__op_stats(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
 	C("l1_evicted_bytes", l1.evicted_bytes);
 	C("l1_nospace", l1.nospace);
 	C("l1_meta_bytes", l1.meta_bytes);
-	C("l2_bytes", 0);
-	C("l2_objects", 0);
+	kvs_l2_stats l2 = {0};
+	if (srv->l2)
+		kvs_l2_get_stats(srv->l2, &l2);
+	C("l2_enabled", srv->l2 != NULL);
+	C("l2_capacity", l2.map_size);
+	C("l2_bytes", l2.bytes);
+	C("l2_objects", l2.objects);
+	C("l2_writes", l2.writes);
+	C("l2_writes_committed", l2.writes_committed);
+	C("l2_write_batches", l2.write_batches);
+	C("l2_write_drops", l2.write_drops);
+	C("l2_write_errors", l2.write_errors);
+	C("l2_queue_depth", l2.queue_depth);
+	C("l2_queue_bytes", l2.queue_bytes);
+	C("l2_reads", l2.reads);
+	C("l2_read_misses", l2.read_misses);
+	C("l2_checksum_failures", l2.checksum_failures);
+	C("l2_header_mismatches", l2.header_mismatches);
+	C("l2_evictions", l2.evictions);
+	C("l2_map_full_retries", l2.map_full_retries);
 	C("broker_accepted", srv->st.broker_accepted);
 	C("broker_rejected", srv->st.broker_rejected);
 	C("broker_parked", srv->st.broker_parked);

@@ -330,6 +330,17 @@ int kvs__op_register(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
 			G->obj_bytes += l->block_bytes * G->desc.blocks_per_chunk;
 		}
 	}
+	for (uint32_t gi = 0; gi < rq->n_groups; gi++) {
+		kvs_reg_group *G = &g->groups[gi];
+		crypto_generichash_state hs;
+		uint64_t fp[5] = {G->desc.kind, G->desc.tokens_per_block, G->desc.blocks_per_chunk,
+				  (uint64_t)G->desc.window_chunks, G->n_layers};
+		crypto_generichash_init(&hs, NULL, 0, 8);
+		crypto_generichash_update(&hs, (const uint8_t *)fp, sizeof(fp));
+		for (uint32_t k = 0; k < G->n_layers; k++)
+			crypto_generichash_update(&hs, (const uint8_t *)&rq->layers[G->layers[k]].block_bytes, 8);
+		crypto_generichash_final(&hs, (uint8_t *)&G->geom, 8);
+	}
 	g->n_views = rq->n_layers;
 	for (uint32_t li = 0; li < rq->n_layers; li++) {
 		const kvs_layer_desc *l = &rq->layers[li];

@@ -37,6 +37,8 @@ typedef struct kvs_reg_group {
 	uint32_t *layers;    /* indexes into views */
 	uint64_t num_blocks; /* shared by every layer of the group */
 	uint64_t obj_bytes;  /* one chunk of this group on one rank: n_layers * blocks_per_chunk * block_bytes summed */
+	uint64_t geom;       /* fingerprint of the object layout (L2 header): kind,
+	                      * tokens/blocks per chunk, window, each layer's block_bytes */
 } kvs_reg_group;
 
 /* A registration.

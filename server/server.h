@@ -32,6 +32,9 @@ typedef struct kvs_server_config {
 	uint32_t copy_threads;  /* host copy pool */
 	int log_level;
 	long allow_uid;         /* extra UID allowed on the broker, -1 = none */
+	char l2_path[256];      /* LMDB environment directory; "" = no L2 tier */
+	uint64_t l2_size;       /* LMDB map size */
+	int l2_sync;            /* enum kvs_l2_sync */
 } kvs_server_config;
 
 void kvs_server_config_defaults(kvs_server_config *cfg);
@@ -90,6 +93,7 @@ typedef struct kvs_stats {
 struct kvs_registry;
 struct kvs_jobs;
 struct kvs_l1;
+struct kvs_l2;
 struct kvs_copy_pool;
 
 struct kvs_server {
@@ -98,6 +102,8 @@ struct kvs_server {
 	void *zctx, *router;
 	char endpoint[600];
 	int broker_fd;
+	int spare_fd;        /* reserve fd for EMFILE on accept */
+	uint32_t max_parked; /* bounded by the fd limit */
 	char broker_path[300];
 	int efd; /* eventfd: work finished elsewhere */
 	bool stopping;
@@ -110,6 +116,7 @@ struct kvs_server {
 	struct kvs_registry *reg;
 	struct kvs_jobs *jobs;
 	struct kvs_l1 *l1;
+	struct kvs_l2 *l2; /* NULL without --l2-path */
 	struct kvs_copy_pool *pool;
 
 	kvs_stats st;

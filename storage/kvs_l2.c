@@ -1,0 +1,722 @@
+/* L2 tier over LMDB: writer thread with group commit, reader thread with
+ * checksum verification, batched LRU stamps, watermark eviction. See
+ * kvs_l2.h for the contract. */
+#include "kvs_l2.h"
+
+#include <errno.h>
+#include <lmdb.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "kvs_error.h"
+
+#define KVS_LOG_COMPONENT "l2"
+#include "kvs_log.h"
+
+#define HDR_BYTES 64
+#define FORMAT_VERSION 1
+#define MAX_TOUCHES 65536
+#define HIGH_PCT 85
+#define LOW_PCT 70
+
+/* On-disk object header (little-endian host order; the format version
+ * guards layout changes). */
+typedef struct l2_hdr {
+	char magic[4];     /* "KVL2" */
+	uint16_t version;  /* FORMAT_VERSION */
+	uint16_t flags;
+	uint8_t ns[16];    /* namespace digest, also inside the key */
+	uint64_t geom;     /* geometry fingerprint of the group's layout */
+	uint64_t len;      /* data bytes following the header */
+	uint64_t checksum; /* XXH3-64 of the data */
+	uint8_t pad[16];
+} l2_hdr;
+_Static_assert(sizeof(l2_hdr) == HDR_BYTES, "header must stay 64 bytes");
+
+typedef struct l2_item {
+	struct l2_item *next;
+	int op;
+	kvs_objkey key;
+	uint64_t geom;
+	const void *src; /* write */
+	void *dst;       /* read */
+	uint64_t len;
+	void *cookie;
+	int result;
+} l2_item;
+
+typedef struct l2_list {
+	l2_item *head, *tail;
+	uint64_t n, bytes;
+} l2_list;
+
+/* Invariants: every queued item is on exactly one of wq, rq, done, or in a
+ * thread's hands; bytes (guarded by mu) equals the sum of value sizes in the
+ * obj database as of the last commit. */
+struct kvs_l2 {
+	kvs_l2_config cfg;
+	char path[512];
+	MDB_env *env;
+	MDB_dbi obj, lru, atime, meta;
+	pthread_mutex_t mu;
+	pthread_cond_t wcv, rcv;
+	l2_list wq, rq, done;
+	kvs_objkey *touches; /* pending access stamps */
+	uint32_t n_touches;
+	kvs_objkey *drops; /* objects found corrupt by the reader: delete them */
+	uint32_t n_drops;
+	bool stop;
+	pthread_t writer, reader;
+	bool writer_started, reader_started;
+	uint64_t clock; /* writer-owned logical time */
+	kvs_l2_stats st; /* guarded by mu */
+};
+
+void kvs_l2_config_defaults(kvs_l2_config *cfg)
+{
+	memset(cfg, 0, sizeof(*cfg));
+	cfg->size = 16ull << 30;
+	cfg->sync = KVS_L2_SYNC_FULL;
+	cfg->queue_max = 4096;
+	cfg->queue_max_bytes = 1ull << 30;
+	cfg->batch_max = 256;
+	cfg->batch_bytes = 256ull << 20;
+	cfg->batch_ms = 2;
+	cfg->efd = -1;
+}
+
+static void list_push(l2_list *l, l2_item *it)
+{
+	it->next = NULL;
+	if (l->tail)
+		l->tail->next = it;
+	else
+		l->head = it;
+	l->tail = it;
+	l->n++;
+	l->bytes += it->len;
+}
+
+static l2_item *list_pop(l2_list *l)
+{
+	l2_item *it = l->head;
+	if (!it)
+		return NULL;
+	l->head = it->next;
+	if (!l->head)
+		l->tail = NULL;
+	l->n--;
+	l->bytes -= it->len;
+	return it;
+}
+
+static void signal_owner(kvs_l2 *l2)
+{
+	if (l2->cfg.efd >= 0) {
+		uint64_t one = 1;
+		ssize_t w = write(l2->cfg.efd, &one, sizeof(one));
+		(void)w;
+	}
+}
+
+/* mu held */
+static void complete(kvs_l2 *l2, l2_item *it, int result)
+{
+	it->result = result;
+	list_push(&l2->done, it);
+}
+
+static int lmdb_err(int rc) { return rc > 0 ? -rc : rc; }
+
+/* ---- metadata helpers (writer txn) ---------------------------------------- */
+
+static uint64_t meta_get(MDB_txn *txn, MDB_dbi dbi, const char *name)
+{
+	MDB_val k = {strlen(name), (void *)name}, v;
+	uint64_t x = 0;
+	if (mdb_get(txn, dbi, &k, &v) == 0 && v.mv_size == 8)
+		memcpy(&x, v.mv_data, 8);
+	return x;
+}
+
+static int meta_put(MDB_txn *txn, MDB_dbi dbi, const char *name, uint64_t x)
+{
+	MDB_val k = {strlen(name), (void *)name}, v = {8, &x};
+	return mdb_put(txn, dbi, &k, &v, 0);
+}
+
+static void lru_key(uint8_t out[8 + sizeof(kvs_objkey)], uint64_t stamp, const kvs_objkey *key)
+{
+	for (int i = 0; i < 8; i++)
+		out[i] = (uint8_t)(stamp >> (56 - 8 * i)); /* big-endian: cursor order = age */
+	memcpy(out + 8, key, sizeof(*key));
+}
+
+/* Removes an object and its stamps; returns the value bytes freed (0 if absent). */
+static uint64_t del_object(kvs_l2 *l2, MDB_txn *txn, const kvs_objkey *key)
+{
+	MDB_val k = {sizeof(*key), (void *)key}, v;
+	uint64_t freed = 0;
+	if (mdb_get(txn, l2->obj, &k, &v) == 0) {
+		freed = v.mv_size;
+		mdb_del(txn, l2->obj, &k, NULL);
+	}
+	if (mdb_get(txn, l2->atime, &k, &v) == 0 && v.mv_size == 8) {
+		uint64_t stamp;
+		memcpy(&stamp, v.mv_data, 8);
+		uint8_t lk[8 + sizeof(kvs_objkey)];
+		lru_key(lk, stamp, key);
+		MDB_val lv = {sizeof(lk), lk};
+		mdb_del(txn, l2->lru, &lv, NULL);
+		mdb_del(txn, l2->atime, &k, NULL);
+	}
+	return freed;
+}
+
+static int stamp(kvs_l2 *l2, MDB_txn *txn, const kvs_objkey *key)
+{
+	MDB_val k = {sizeof(*key), (void *)key}, v;
+	uint8_t lk[8 + sizeof(kvs_objkey)];
+	if (mdb_get(txn, l2->atime, &k, &v) == 0 && v.mv_size == 8) {
+		uint64_t old;
+		memcpy(&old, v.mv_data, 8);
+		lru_key(lk, old, key);
+		MDB_val lv = {sizeof(lk), lk};
+		mdb_del(txn, l2->lru, &lv, NULL);
+	}
+	uint64_t now = ++l2->clock;
+	lru_key(lk, now, key);
+	MDB_val lv = {sizeof(lk), lk}, empty = {0, NULL};
+	MDB_val sv = {8, &now};
+	int rc = mdb_put(txn, l2->lru, &lv, &empty, 0);
+	if (!rc)
+		rc = mdb_put(txn, l2->atime, &k, &sv, 0);
+	return rc;
+}
+
+/* Deletes least-recently-used objects until *bytes <= target. */
+static int evict_to(kvs_l2 *l2, MDB_txn *txn, uint64_t *bytes, uint64_t *objects, uint64_t target)
+{
+	MDB_cursor *cur;
+	int rc = mdb_cursor_open(txn, l2->lru, &cur);
+	if (rc)
+		return rc;
+	uint64_t n = 0;
+	MDB_val k, v;
+	while (*bytes > target && (rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST)) == 0) {
+		kvs_objkey key;
+		if (k.mv_size != 8 + sizeof(key)) {
+			mdb_cursor_del(cur, 0);
+			continue;
+		}
+		memcpy(&key, (uint8_t *)k.mv_data + 8, sizeof(key));
+		mdb_cursor_del(cur, 0);
+		MDB_val ok = {sizeof(key), &key}, ov;
+		if (mdb_get(txn, l2->obj, &ok, &ov) == 0) {
+			*bytes -= ov.mv_size < *bytes ? ov.mv_size : *bytes;
+			if (*objects)
+				(*objects)--;
+			mdb_del(txn, l2->obj, &ok, NULL);
+			n++;
+		}
+		mdb_del(txn, l2->atime, &ok, NULL);
+	}
+	mdb_cursor_close(cur);
+	pthread_mutex_lock(&l2->mu);
+	l2->st.evictions += n;
+	pthread_mutex_unlock(&l2->mu);
+	return rc == MDB_NOTFOUND ? 0 : rc;
+}
+
+/* ---- writer ------------------------------------------------------------------- */
+
+/* One group commit: the batch's objects, pending stamps and drops. Returns 0
+ * or an LMDB error (nothing of the batch committed). */
+static int write_batch(kvs_l2 *l2, l2_item *batch, uint32_t nb, const kvs_objkey *touches,
+		       uint32_t nt, const kvs_objkey *drops, uint32_t nd, uint64_t evict_target)
+{
+	MDB_txn *txn;
+	int rc = mdb_txn_begin(l2->env, NULL, 0, &txn);
+	if (rc)
+		return rc;
+	uint64_t bytes = meta_get(txn, l2->meta, "bytes");
+	uint64_t objects = meta_get(txn, l2->meta, "objects");
+	l2->clock = meta_get(txn, l2->meta, "clock");
+	uint64_t incoming = 0;
+	for (uint32_t i = 0; i < nb; i++)
+		incoming += HDR_BYTES + batch[i].len;
+	uint64_t high = l2->cfg.size / 100 * HIGH_PCT;
+	for (uint32_t i = 0; i < nd; i++) {
+		uint64_t f = del_object(l2, txn, &drops[i]);
+		if (f) {
+			bytes -= f < bytes ? f : bytes;
+			objects -= objects ? 1 : 0;
+		}
+	}
+	if (bytes + incoming > high || evict_target < bytes) {
+		uint64_t target = l2->cfg.size / 100 * LOW_PCT;
+		if (evict_target < target)
+			target = evict_target;
+		target = target > incoming ? target - incoming : 0;
+		if ((rc = evict_to(l2, txn, &bytes, &objects, target)) != 0)
+			goto abort;
+	}
+	for (uint32_t i = 0; i < nb; i++) {
+		l2_item *it = &batch[i];
+		uint64_t freed = del_object(l2, txn, &it->key); /* overwrite = replace */
+		if (freed) {
+			bytes -= freed < bytes ? freed : bytes;
+			objects -= objects ? 1 : 0;
+		}
+		MDB_val k = {sizeof(it->key), &it->key}, v = {HDR_BYTES + it->len, NULL};
+		if ((rc = mdb_put(txn, l2->obj, &k, &v, MDB_RESERVE)) != 0)
+			goto abort;
+		l2_hdr h = {.magic = {'K', 'V', 'L', '2'}, .version = FORMAT_VERSION, .geom = it->geom,
+			    .len = it->len};
+		memcpy(h.ns, it->key.ns, 16);
+		/* copy in slices and hash what was just copied, while it is in cache */
+		uint8_t *dst = (uint8_t *)v.mv_data + HDR_BYTES;
+		const uint8_t *src = it->src;
+		XXH3_state_t *xs = XXH3_createState();
+		if (!xs) {
+			rc = ENOMEM;
+			goto abort;
+		}
+		XXH3_64bits_reset(xs);
+		for (uint64_t off = 0; off < it->len;) {
+			uint64_t n = it->len - off < (256u << 10) ? it->len - off : (256u << 10);
+			memcpy(dst + off, src + off, n);
+			XXH3_64bits_update(xs, dst + off, n);
+			off += n;
+		}
+		h.checksum = XXH3_64bits_digest(xs);
+		XXH3_freeState(xs);
+		memcpy(v.mv_data, &h, HDR_BYTES);
+		bytes += HDR_BYTES + it->len;
+		objects++;
+		if ((rc = stamp(l2, txn, &it->key)) != 0)
+			goto abort;
+	}
+	for (uint32_t i = 0; i < nt; i++) {
+		MDB_val k = {sizeof(touches[i]), (void *)&touches[i]}, v;
+		if (mdb_get(txn, l2->obj, &k, &v) == 0 && (rc = stamp(l2, txn, &touches[i])) != 0)
+			goto abort;
+	}
+	if ((rc = meta_put(txn, l2->meta, "bytes", bytes)) || (rc = meta_put(txn, l2->meta, "objects", objects)) ||
+	    (rc = meta_put(txn, l2->meta, "clock", l2->clock)))
+		goto abort;
+	if ((rc = mdb_txn_commit(txn)) != 0)
+		return rc;
+	pthread_mutex_lock(&l2->mu);
+	l2->st.bytes = bytes;
+	l2->st.objects = objects;
+	pthread_mutex_unlock(&l2->mu);
+	return 0;
+abort:
+	mdb_txn_abort(txn);
+	return rc;
+}
+
+static void *writer_main(void *arg)
+{
+	kvs_l2 *l2 = arg;
+	l2_item *batch = calloc(l2->cfg.batch_max, sizeof(*batch));
+	l2_item **orig = calloc(l2->cfg.batch_max, sizeof(*orig));
+	kvs_objkey *touches = calloc(MAX_TOUCHES, sizeof(*touches));
+	kvs_objkey *drops = calloc(MAX_TOUCHES, sizeof(*drops));
+	if (!batch || !orig || !touches || !drops) {
+		kvs_err("writer cannot start: out of memory");
+		free(batch);
+		free(orig);
+		free(touches);
+		free(drops);
+		return NULL;
+	}
+	pthread_mutex_lock(&l2->mu);
+	for (;;) {
+		while (!l2->wq.n && !l2->n_touches && !l2->n_drops && !l2->stop)
+			pthread_cond_wait(&l2->wcv, &l2->mu);
+		if (l2->stop && !l2->wq.n && !l2->n_touches && !l2->n_drops)
+			break;
+		/* group commit: wait briefly for the batch to fill */
+		if (l2->wq.n < l2->cfg.batch_max && l2->wq.bytes < l2->cfg.batch_bytes && !l2->stop &&
+		    l2->cfg.batch_ms) {
+			struct timespec ts;
+			clock_gettime(CLOCK_REALTIME, &ts);
+			ts.tv_nsec += (long)l2->cfg.batch_ms * 1000000L;
+			if (ts.tv_nsec >= 1000000000L) {
+				ts.tv_sec++;
+				ts.tv_nsec -= 1000000000L;
+			}
+			pthread_cond_timedwait(&l2->wcv, &l2->mu, &ts);
+		}
+		uint32_t nb = 0;
+		uint64_t bb = 0;
+		while (nb < l2->cfg.batch_max && l2->wq.head && (nb == 0 || bb + l2->wq.head->len <= l2->cfg.batch_bytes)) {
+			l2_item *it = list_pop(&l2->wq);
+			orig[nb] = it;
+			batch[nb++] = *it;
+			bb += it->len;
+		}
+		uint32_t nt = l2->n_touches, nd = l2->n_drops;
+		memcpy(touches, l2->touches, nt * sizeof(*touches));
+		memcpy(drops, l2->drops, nd * sizeof(*drops));
+		l2->n_touches = l2->n_drops = 0;
+		l2->st.queue_depth = l2->wq.n;
+		l2->st.queue_bytes = l2->wq.bytes;
+		pthread_mutex_unlock(&l2->mu);
+
+		int rc = write_batch(l2, batch, nb, touches, nt, drops, nd, UINT64_MAX);
+		if (rc == MDB_MAP_FULL) {
+			/* the map is fuller than the byte count says (page overhead):
+			 * evict down to half of the map in its own transaction, retry */
+			pthread_mutex_lock(&l2->mu);
+			l2->st.map_full_retries++;
+			pthread_mutex_unlock(&l2->mu);
+			write_batch(l2, NULL, 0, NULL, 0, NULL, 0, l2->cfg.size / 2);
+			rc = write_batch(l2, batch, nb, touches, nt, drops, nd, UINT64_MAX);
+		}
+		if (rc)
+			kvs_warn("group commit of %u objects failed: %s", nb, mdb_strerror(rc));
+
+		pthread_mutex_lock(&l2->mu);
+		l2->st.write_batches++;
+		for (uint32_t i = 0; i < nb; i++) {
+			if (rc)
+				l2->st.write_errors++;
+			else
+				l2->st.writes++, l2->st.writes_committed++;
+			complete(l2, orig[i], rc ? KVS_E_NOSPACE : 0);
+		}
+		if (nb)
+			signal_owner(l2);
+	}
+	pthread_mutex_unlock(&l2->mu);
+	free(batch);
+	free(orig);
+	free(touches);
+	free(drops);
+	return NULL;
+}
+
+/* ---- reader ------------------------------------------------------------------- */
+
+static int check_hdr(const MDB_val *v, const kvs_objkey *key, uint64_t geom, uint64_t *ret_len)
+{
+	l2_hdr h;
+	if (v->mv_size < HDR_BYTES)
+		return KVS_E_GEOMETRY;
+	memcpy(&h, v->mv_data, HDR_BYTES);
+	if (memcmp(h.magic, "KVL2", 4) != 0 || h.version != FORMAT_VERSION ||
+	    memcmp(h.ns, key->ns, 16) != 0 || h.geom != geom || h.len != v->mv_size - HDR_BYTES)
+		return KVS_E_GEOMETRY;
+	if (ret_len)
+		*ret_len = h.len;
+	return 0;
+}
+
+static int read_one(kvs_l2 *l2, MDB_txn *txn, l2_item *it)
+{
+	MDB_val k = {sizeof(it->key), &it->key}, v;
+	int rc = mdb_get(txn, l2->obj, &k, &v);
+	if (rc)
+		return KVS_E_MISS;
+	uint64_t len;
+	if (check_hdr(&v, &it->key, it->geom, &len) != 0 || len != it->len) {
+		pthread_mutex_lock(&l2->mu);
+		l2->st.header_mismatches++;
+		pthread_mutex_unlock(&l2->mu);
+		return KVS_E_MISS;
+	}
+	l2_hdr h;
+	memcpy(&h, v.mv_data, HDR_BYTES);
+	const uint8_t *src = (const uint8_t *)v.mv_data + HDR_BYTES;
+	uint8_t *dst = it->dst;
+	XXH3_state_t *xs = XXH3_createState();
+	if (!xs)
+		return KVS_E_INTERNAL;
+	XXH3_64bits_reset(xs);
+	for (uint64_t off = 0; off < len;) {
+		uint64_t n = len - off < (256u << 10) ? len - off : (256u << 10);
+		memcpy(dst + off, src + off, n);
+		XXH3_64bits_update(xs, dst + off, n);
+		off += n;
+	}
+	uint64_t sum = XXH3_64bits_digest(xs);
+	XXH3_freeState(xs);
+	if (sum != h.checksum) {
+		pthread_mutex_lock(&l2->mu);
+		l2->st.checksum_failures++;
+		if (l2->n_drops < MAX_TOUCHES)
+			l2->drops[l2->n_drops++] = it->key; /* never served: delete it */
+		pthread_cond_signal(&l2->wcv);
+		pthread_mutex_unlock(&l2->mu);
+		kvs_warn("checksum mismatch: object dropped");
+		return KVS_E_MISS;
+	}
+	return 0;
+}
+
+static void *reader_main(void *arg)
+{
+	kvs_l2 *l2 = arg;
+	pthread_mutex_lock(&l2->mu);
+	for (;;) {
+		while (!l2->rq.n && !l2->stop)
+			pthread_cond_wait(&l2->rcv, &l2->mu);
+		if (!l2->rq.n)
+			break;
+		l2_item *it = list_pop(&l2->rq);
+		pthread_mutex_unlock(&l2->mu);
+		MDB_txn *txn;
+		int r = mdb_txn_begin(l2->env, NULL, MDB_RDONLY, &txn);
+		if (r == 0) {
+			r = read_one(l2, txn, it);
+			mdb_txn_abort(txn);
+		} else {
+			r = KVS_E_MISS;
+		}
+		pthread_mutex_lock(&l2->mu);
+		l2->st.reads++;
+		if (r)
+			l2->st.read_misses++;
+		complete(l2, it, r);
+		signal_owner(l2);
+	}
+	pthread_mutex_unlock(&l2->mu);
+	return NULL;
+}
+
+/* ---- owner API ----------------------------------------------------------------- */
+
+int kvs_l2_open(const kvs_l2_config *cfg, kvs_l2 **ret)
+{
+	int rc;
+	kvs_l2 *l2 = calloc(1, sizeof(*l2));
+	if (!l2)
+		return -ENOMEM;
+	l2->cfg = *cfg;
+	if (!l2->cfg.batch_max)
+		l2->cfg.batch_max = 256;
+	if (!l2->cfg.queue_max)
+		l2->cfg.queue_max = 4096;
+	snprintf(l2->path, sizeof(l2->path), "%s", cfg->path);
+	pthread_mutex_init(&l2->mu, NULL);
+	pthread_cond_init(&l2->wcv, NULL);
+	pthread_cond_init(&l2->rcv, NULL);
+	l2->touches = calloc(MAX_TOUCHES, sizeof(*l2->touches));
+	l2->drops = calloc(MAX_TOUCHES, sizeof(*l2->drops));
+	if (!l2->touches || !l2->drops) {
+		rc = -ENOMEM;
+		goto err_free;
+	}
+	if (mkdir(cfg->path, 0700) < 0 && errno != EEXIST) {
+		rc = -errno;
+		kvs_err("cannot create %s: %s", cfg->path, strerror(errno));
+		goto err_free;
+	}
+	if ((rc = mdb_env_create(&l2->env)) != 0)
+		goto err_lmdb;
+	mdb_env_set_maxdbs(l2->env, 4);
+	mdb_env_set_maxreaders(l2->env, 64);
+	if ((rc = mdb_env_set_mapsize(l2->env, cfg->size)) != 0)
+		goto err_env;
+	unsigned flags = MDB_NOTLS | MDB_NORDAHEAD;
+	if (cfg->sync == KVS_L2_SYNC_NOMETA)
+		flags |= MDB_NOMETASYNC;
+	else if (cfg->sync == KVS_L2_SYNC_NONE)
+		flags |= MDB_NOSYNC;
+	if ((rc = mdb_env_open(l2->env, cfg->path, flags, 0600)) != 0)
+		goto err_env;
+	int dead = 0;
+	mdb_reader_check(l2->env, &dead); /* slots of a killed earlier process */
+	MDB_txn *txn;
+	if ((rc = mdb_txn_begin(l2->env, NULL, 0, &txn)) != 0)
+		goto err_env;
+	if ((rc = mdb_dbi_open(txn, "obj", MDB_CREATE, &l2->obj)) ||
+	    (rc = mdb_dbi_open(txn, "lru", MDB_CREATE, &l2->lru)) ||
+	    (rc = mdb_dbi_open(txn, "atime", MDB_CREATE, &l2->atime)) ||
+	    (rc = mdb_dbi_open(txn, "meta", MDB_CREATE, &l2->meta))) {
+		mdb_txn_abort(txn);
+		goto err_env;
+	}
+	l2->st.bytes = meta_get(txn, l2->meta, "bytes");
+	l2->st.objects = meta_get(txn, l2->meta, "objects");
+	l2->clock = meta_get(txn, l2->meta, "clock");
+	if ((rc = mdb_txn_commit(txn)) != 0)
+		goto err_env;
+	MDB_envinfo info;
+	mdb_env_info(l2->env, &info);
+	l2->st.map_size = info.me_mapsize;
+	l2->cfg.size = info.me_mapsize; /* an existing environment may be larger */
+	if ((rc = pthread_create(&l2->writer, NULL, writer_main, l2)) != 0) {
+		rc = -rc;
+		goto err_env;
+	}
+	l2->writer_started = true;
+	if ((rc = pthread_create(&l2->reader, NULL, reader_main, l2)) != 0) {
+		rc = -rc;
+		kvs_l2_close(l2);
+		return rc;
+	}
+	l2->reader_started = true;
+	kvs_info("L2 %s: %llu objects, %llu MiB of %llu MiB, sync %s", cfg->path,
+		 (unsigned long long)l2->st.objects, (unsigned long long)(l2->st.bytes >> 20),
+		 (unsigned long long)(info.me_mapsize >> 20),
+		 cfg->sync == KVS_L2_SYNC_FULL ? "full" : cfg->sync == KVS_L2_SYNC_NOMETA ? "nometa" : "none");
+	*ret = l2;
+	return 0;
+
+err_env:
+	mdb_env_close(l2->env);
+err_lmdb:
+	kvs_err("cannot open L2 at %s: %s", cfg->path, mdb_strerror(rc));
+	rc = lmdb_err(rc);
+err_free:
+	free(l2->touches);
+	free(l2->drops);
+	pthread_cond_destroy(&l2->wcv);
+	pthread_cond_destroy(&l2->rcv);
+	pthread_mutex_destroy(&l2->mu);
+	free(l2);
+	return rc;
+}
+
+void kvs_l2_close(kvs_l2 *l2)
+{
+	if (!l2)
+		return;
+	pthread_mutex_lock(&l2->mu);
+	l2->stop = true;
+	pthread_cond_broadcast(&l2->wcv);
+	pthread_cond_broadcast(&l2->rcv);
+	pthread_mutex_unlock(&l2->mu);
+	if (l2->writer_started)
+		pthread_join(l2->writer, NULL);
+	if (l2->reader_started)
+		pthread_join(l2->reader, NULL);
+	l2_item *it;
+	while ((it = list_pop(&l2->done)) != NULL)
+		free(it);
+	mdb_env_close(l2->env);
+	free(l2->touches);
+	free(l2->drops);
+	pthread_cond_destroy(&l2->wcv);
+	pthread_cond_destroy(&l2->rcv);
+	pthread_mutex_destroy(&l2->mu);
+	free(l2);
+}
+
+int kvs_l2_contains(kvs_l2 *l2, const kvs_objkey *key, uint64_t geom, uint64_t *ret_len)
+{
+	MDB_txn *txn;
+	if (mdb_txn_begin(l2->env, NULL, MDB_RDONLY, &txn) != 0)
+		return KVS_E_MISS;
+	MDB_val k = {sizeof(*key), (void *)key}, v;
+	int r = mdb_get(txn, l2->obj, &k, &v) == 0 ? check_hdr(&v, key, geom, ret_len) : KVS_E_MISS;
+	mdb_txn_abort(txn);
+	if (r == KVS_E_GEOMETRY) {
+		pthread_mutex_lock(&l2->mu);
+		l2->st.header_mismatches++;
+		pthread_mutex_unlock(&l2->mu);
+	}
+	return r;
+}
+
+int kvs_l2_write(kvs_l2 *l2, const kvs_objkey *key, uint64_t geom, const void *data, uint64_t len,
+		 void *cookie)
+{
+	l2_item *it = calloc(1, sizeof(*it));
+	if (!it)
+		return -ENOMEM;
+	*it = (l2_item){.op = KVS_L2_WRITE, .key = *key, .geom = geom, .src = data, .len = len,
+			.cookie = cookie};
+	pthread_mutex_lock(&l2->mu);
+	bool dropped = false;
+	/* the disk cannot keep up: drop the oldest pending writes, never block */
+	while (l2->wq.n && (l2->wq.n >= l2->cfg.queue_max || l2->wq.bytes + len > l2->cfg.queue_max_bytes)) {
+		l2_item *old = list_pop(&l2->wq);
+		l2->st.write_drops++;
+		complete(l2, old, KVS_E_NOSPACE);
+		dropped = true;
+	}
+	list_push(&l2->wq, it);
+	l2->st.queue_depth = l2->wq.n;
+	l2->st.queue_bytes = l2->wq.bytes;
+	pthread_cond_signal(&l2->wcv);
+	if (dropped)
+		signal_owner(l2);
+	pthread_mutex_unlock(&l2->mu);
+	return 0;
+}
+
+int kvs_l2_read(kvs_l2 *l2, const kvs_objkey *key, uint64_t geom, void *dst, uint64_t len, void *cookie)
+{
+	l2_item *it = calloc(1, sizeof(*it));
+	if (!it)
+		return -ENOMEM;
+	*it = (l2_item){.op = KVS_L2_READ, .key = *key, .geom = geom, .dst = dst, .len = len, .cookie = cookie};
+	pthread_mutex_lock(&l2->mu);
+	list_push(&l2->rq, it);
+	pthread_cond_signal(&l2->rcv);
+	pthread_mutex_unlock(&l2->mu);
+	return 0;
+}
+
+void kvs_l2_touch(kvs_l2 *l2, const kvs_objkey *key)
+{
+	pthread_mutex_lock(&l2->mu);
+	if (l2->n_touches < MAX_TOUCHES)
+		l2->touches[l2->n_touches++] = *key; /* beyond that, stamps are lost: LRU is approximate */
+	pthread_mutex_unlock(&l2->mu);
+}
+
+uint32_t kvs_l2_reap(kvs_l2 *l2, kvs_l2_done *out, uint32_t cap)
+{
+	uint32_t n = 0;
+	pthread_mutex_lock(&l2->mu);
+	while (n < cap && l2->done.head) {
+		l2_item *it = list_pop(&l2->done);
+		out[n++] = (kvs_l2_done){.op = it->op, .result = it->result, .cookie = it->cookie};
+		free(it);
+	}
+	pthread_mutex_unlock(&l2->mu);
+	return n;
+}
+
+int kvs_l2_clear(kvs_l2 *l2)
+{
+	MDB_txn *txn;
+	int rc = mdb_txn_begin(l2->env, NULL, 0, &txn);
+	if (rc)
+		return lmdb_err(rc);
+	if ((rc = mdb_drop(txn, l2->obj, 0)) || (rc = mdb_drop(txn, l2->lru, 0)) ||
+	    (rc = mdb_drop(txn, l2->atime, 0)) || (rc = meta_put(txn, l2->meta, "bytes", 0)) ||
+	    (rc = meta_put(txn, l2->meta, "objects", 0))) {
+		mdb_txn_abort(txn);
+		return lmdb_err(rc);
+	}
+	if ((rc = mdb_txn_commit(txn)) != 0)
+		return lmdb_err(rc);
+	pthread_mutex_lock(&l2->mu);
+	l2->st.bytes = l2->st.objects = 0;
+	pthread_mutex_unlock(&l2->mu);
+	return 0;
+}
+
+void kvs_l2_get_stats(kvs_l2 *l2, kvs_l2_stats *st)
+{
+	pthread_mutex_lock(&l2->mu);
+	*st = l2->st;
+	st->queue_depth = l2->wq.n;
+	st->queue_bytes = l2->wq.bytes;
+	pthread_mutex_unlock(&l2->mu);
+}
+
+const char *kvs_l2_path(const kvs_l2 *l2) { return l2->path; }

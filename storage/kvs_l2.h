@@ -1,0 +1,107 @@
+/* kvs_l2: the persistent tier, one LMDB environment in a directory.
+ *
+ * An object is stored under its 64-byte kvs_objkey with a 64-byte header
+ * (magic, format version, namespace digest, geometry fingerprint, length,
+ * XXH3-64 checksum of the data) followed by the data. Committed L1 objects
+ * are written behind by one writer thread in group-commit transactions; a
+ * reader thread copies objects back into L1 reservations, verifying the
+ * checksum on every read. Threads report back through a completion list and
+ * the caller's eventfd.
+ *
+ * Threading: kvs_l2_open/close, the enqueue functions, kvs_l2_reap and
+ * kvs_l2_contains are called by one owner thread (the server's main loop).
+ * Data pointers handed to enqueue functions must stay valid until the
+ * matching completion is reaped (the caller pins or reserves them).
+ *
+ * Capacity: `size` bounds the LMDB map. Above the high watermark (85 % of the
+ * map in object bytes) the writer deletes least-recently-used objects down to
+ * the low watermark (70 %). Access stamps are batched: kvs_l2_touch() queues
+ * them and the writer applies them in its next transaction. A full map
+ * (MDB_MAP_FULL) makes the writer evict harder and retry, never stall.
+ *
+ * Crash safety: LMDB is copy-on-write with two meta pages, so after a crash
+ * (kill -9) the environment opens at the last committed transaction. What
+ * a *power loss* may lose depends on the sync policy (see kvs_l2_sync). */
+#ifndef KVS_L2_H
+#define KVS_L2_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "kvs_l1.h"
+
+enum kvs_l2_sync {
+	KVS_L2_SYNC_FULL,   /* fsync data and meta at every group commit (default) */
+	KVS_L2_SYNC_NOMETA, /* fsync data, not meta: power loss may lose the last commit */
+	KVS_L2_SYNC_NONE,   /* no fsync: process crashes lose nothing committed; power loss may lose recent commits or corrupt the environment */
+};
+
+typedef struct kvs_l2_config {
+	const char *path;        /* environment directory (created 0700 if missing) */
+	uint64_t size;           /* map size in bytes */
+	int sync;                /* enum kvs_l2_sync */
+	uint32_t queue_max;      /* pending writes before the oldest are dropped */
+	uint64_t queue_max_bytes;
+	uint32_t batch_max;      /* objects per group commit */
+	uint64_t batch_bytes;    /* bytes per group commit */
+	uint32_t batch_ms;       /* longest wait to fill a batch */
+	int efd;                 /* eventfd written when completions are ready */
+} kvs_l2_config;
+
+void kvs_l2_config_defaults(kvs_l2_config *cfg);
+
+typedef struct kvs_l2 kvs_l2;
+
+/* Opens (or creates) the environment and starts the writer and reader
+ * threads. No scan: an existing environment serves immediately.
+ * Returns 0, -errno, or an LMDB error (see kvs_strerror). */
+int kvs_l2_open(const kvs_l2_config *cfg, kvs_l2 **ret);
+/* Finishes queued writes (bounded by the queue), stops the threads, closes the
+ * environment. Completions not yet reaped are discarded: the owner must have
+ * reaped or must not care (shutdown). Accepts NULL. */
+void kvs_l2_close(kvs_l2 *l2);
+
+/* Is the object present with this namespace digest and geometry fingerprint?
+ * Reads the header only. Returns 0 and *ret_len, KVS_E_MISS if absent, or
+ * KVS_E_GEOMETRY if present but made for another namespace/geometry/version
+ * (counted; the caller treats it as a miss). */
+int kvs_l2_contains(kvs_l2 *l2, const kvs_objkey *key, uint64_t geom, uint64_t *ret_len);
+
+enum kvs_l2_op { KVS_L2_WRITE = 1, KVS_L2_READ = 2 };
+
+typedef struct kvs_l2_done {
+	int op;       /* enum kvs_l2_op */
+	int result;   /* 0; write: KVS_E_NOSPACE (dropped) or an LMDB error; read: KVS_E_MISS (absent, checksum or header mismatch: the object was dropped) */
+	void *cookie; /* as given */
+} kvs_l2_done;
+
+/* Queues a write of len bytes at data under key. If the queue is full, the
+ * oldest pending write is dropped (completed with KVS_E_NOSPACE, counted).
+ * Returns 0 or -ENOMEM (nothing queued). */
+int kvs_l2_write(kvs_l2 *l2, const kvs_objkey *key, uint64_t geom, const void *data, uint64_t len,
+		 void *cookie);
+/* Queues a read of the object into dst (exactly len bytes), verified against
+ * the checksum, namespace and geometry. Returns 0 or -ENOMEM. */
+int kvs_l2_read(kvs_l2 *l2, const kvs_objkey *key, uint64_t geom, void *dst, uint64_t len,
+		void *cookie);
+/* Records an access (applied by the writer in its next transaction). */
+void kvs_l2_touch(kvs_l2 *l2, const kvs_objkey *key);
+/* Takes up to cap completions; returns how many. */
+uint32_t kvs_l2_reap(kvs_l2 *l2, kvs_l2_done *out, uint32_t cap);
+/* Deletes every object (synchronously, from the owner thread). */
+int kvs_l2_clear(kvs_l2 *l2);
+
+typedef struct kvs_l2_stats {
+	uint64_t map_size, objects, bytes;       /* bytes: object data + headers */
+	uint64_t writes, write_batches, write_drops, write_errors;
+	uint64_t reads, read_misses, checksum_failures, header_mismatches;
+	uint64_t evictions, map_full_retries;
+	uint64_t queue_depth, queue_bytes;
+	uint64_t writes_committed;               /* monotonic, in queue order */
+} kvs_l2_stats;
+void kvs_l2_get_stats(kvs_l2 *l2, kvs_l2_stats *st);
+
+/* Test hook: the data file path (for corruption tests). */
+const char *kvs_l2_path(const kvs_l2 *l2);
+
+#endif
