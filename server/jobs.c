@@ -1085,6 +1085,58 @@ void kvs_jobs_destroy(kvs_server *srv, kvs_jobs *J)
 
 /* ---- lookup and job_status ------------------------------------------------------------ */
 
+/* The object geometry of a namespace and world: what lookup needs. */
+typedef struct kvs_geo {
+	uint32_t n;
+	struct {
+		uint32_t id;
+		uint64_t geom, obj_bytes;
+	} g[KVS_MAX_GROUPS];
+} kvs_geo;
+
+static void geo_key(uint8_t out[20], const char *ns, uint32_t world)
+{
+	ns_digest(ns, out);
+	memcpy(out + 16, &world, 4);
+}
+
+void kvs_jobs_registered(kvs_server *srv, const kvs_reg *g)
+{
+	if (!srv->l2)
+		return;
+	kvs_geo geo = {.n = g->n_groups};
+	for (uint32_t i = 0; i < g->n_groups; i++) {
+		geo.g[i].id = g->groups[i].desc.id;
+		geo.g[i].geom = g->groups[i].geom;
+		geo.g[i].obj_bytes = g->groups[i].obj_bytes;
+	}
+	uint8_t key[20];
+	geo_key(key, g->ns, g->world);
+	kvs_l2_put_meta(srv->l2, key, sizeof(key), &geo, sizeof(geo));
+}
+
+/* From a live registration of the namespace, else from what L2 remembers. */
+static bool geo_of(kvs_server *srv, kvs_session *s, kvs_geo *geo)
+{
+	kvs_reg *g = kvs_registry_of_session(srv->reg, s->id);
+	if (!g)
+		g = kvs_registry_find_ns(srv->reg, s->ns, s->world);
+	if (g) {
+		geo->n = g->n_groups;
+		for (uint32_t i = 0; i < g->n_groups; i++) {
+			geo->g[i].id = g->groups[i].desc.id;
+			geo->g[i].geom = g->groups[i].geom;
+			geo->g[i].obj_bytes = g->groups[i].obj_bytes;
+		}
+		return true;
+	}
+	uint8_t key[20];
+	uint32_t len = 0;
+	geo_key(key, s->ns, s->world);
+	return srv->l2 && kvs_l2_get_meta(srv->l2, key, sizeof(key), geo, sizeof(*geo), &len) == 0 &&
+	       len == sizeof(*geo) && geo->n <= KVS_MAX_GROUPS;
+}
+
 static void lookup_pin(kvs_server *srv, kvs_l1_obj *o, uint64_t pin_ms)
 {
 	kvs_jobs *J = srv->jobs;
@@ -1107,9 +1159,8 @@ int kvs__op_lookup(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
 	kvs_jobs *J = srv->jobs;
 	J->st.lookups++;
 	J->st.lookup_keys += rq->n_keys;
-	kvs_reg *g = kvs_registry_of_session(srv->reg, s->id);
-	if (!g)
-		g = kvs_registry_find_ns(srv->reg, s->ns, s->world);
+	kvs_geo geo;
+	bool known = geo_of(srv, s, &geo);
 	uint8_t *tiers = calloc(rq->n_keys ? rq->n_keys : 1, 1);
 	if (!tiers)
 		return kvs__fail(srv, KVS_E_INTERNAL, "out of memory");
@@ -1118,16 +1169,15 @@ int kvs__op_lookup(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
 	ns_digest(s->ns, ns);
 	/* a chunk hits only if every rank has every group's object, in L1 or L2
 	 * (or on its way into L1) */
-	for (uint32_t k = 0; g && k < rq->n_keys; k++) {
+	for (uint32_t k = 0; known && k < rq->n_keys; k++) {
 		bool all = true;
 		tiers[k] = KVS_TIER_L1;
 		for (uint32_t r = 0; r < s->world && all; r++)
-			for (uint32_t gi = 0; gi < g->n_groups && all; gi++) {
-				const kvs_reg_group *G = &g->groups[gi];
+			for (uint32_t gi = 0; gi < geo.n && all; gi++) {
 				kvs_objkey key;
 				kvs_l1_obj *o;
-				obj_key(&key, ns, s->world, r, G->desc.id, rq->keys + (size_t)k * KVS_KEY_BYTES);
-				all = locate(srv, &key, G->geom, G->obj_bytes, &o) == 0;
+				obj_key(&key, ns, s->world, r, geo.g[gi].id, rq->keys + (size_t)k * KVS_KEY_BYTES);
+				all = locate(srv, &key, geo.g[gi].geom, geo.g[gi].obj_bytes, &o) == 0;
 				if (all && !o)
 					tiers[k] = KVS_TIER_L2;
 			}
@@ -1138,10 +1188,9 @@ int kvs__op_lookup(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
 	/* refresh, pin (pin_ms) and prefetch (L2 -> L1) what hit */
 	for (uint32_t k = 0; k < hits; k++) {
 		for (uint32_t r = 0; r < s->world; r++)
-			for (uint32_t gi = 0; gi < g->n_groups; gi++) {
-				const kvs_reg_group *G = &g->groups[gi];
+			for (uint32_t gi = 0; gi < geo.n; gi++) {
 				kvs_objkey key;
-				obj_key(&key, ns, s->world, r, G->desc.id, rq->keys + (size_t)k * KVS_KEY_BYTES);
+				obj_key(&key, ns, s->world, r, geo.g[gi].id, rq->keys + (size_t)k * KVS_KEY_BYTES);
 				kvs_l1_obj *o = kvs_l1_get(srv->l1, &key);
 				if (o) {
 					kvs_l1_touch(srv->l1, o);
@@ -1151,7 +1200,7 @@ int kvs__op_lookup(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
 					kvs_l2_touch(srv->l2, &key);
 					int err;
 					if (rq->prefetch && !kvs_htab_get(J->promos, &key) &&
-					    promo_start(srv, &key, G->geom, G->obj_bytes, &err))
+					    promo_start(srv, &key, geo.g[gi].geom, geo.g[gi].obj_bytes, &err))
 						J->st.prefetches++;
 				}
 			}

@@ -19,6 +19,11 @@ void kvs_jobs_completions(kvs_server *srv);
 void kvs_jobs_session_gone(kvs_server *srv, kvs_session *s);
 uint64_t kvs_jobs_pending(kvs_server *srv, kvs_session *s);
 
+/* A registration succeeded: persist its namespace geometry in L2 so that
+ * lookups after a restart work before ranks re-register. */
+struct kvs_reg;
+void kvs_jobs_registered(kvs_server *srv, const struct kvs_reg *g);
+
 uint64_t kvs_jobs_open(const kvs_jobs *j);
 uint64_t kvs_jobs_retained(const kvs_jobs *j);
 

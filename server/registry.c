@@ -14,6 +14,7 @@
 
 #define KVS_LOG_COMPONENT "registry"
 #include "kvs_log.h"
+#include "jobs.h"
 #include "ops.h"
 
 struct kvs_registry {
@@ -375,6 +376,7 @@ int kvs__op_register(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
 	uint64_t imported = 0;
 	for (i = 0; i < n; i++)
 		imported += fresh[i];
+	kvs_jobs_registered(srv, g);
 	kvs_info("registration %llu: session %016llx rank %u/%u, %u groups, %u layers, %llu imported, %llu aliased",
 		 (unsigned long long)g->id, (unsigned long long)s->id, s->rank, s->world, g->n_groups,
 		 g->n_views, (unsigned long long)imported, (unsigned long long)(n - imported));

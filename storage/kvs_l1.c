@@ -23,7 +23,9 @@
  * with room for the worst case (objects <= pages, free extents <= objects +
  * 1), touched only as the high-water mark of records in use rises. Records
  * link each other by 32-bit index; none ever moves, and nothing allocates on
- * a path that frees (abort, eviction, clear), so those cannot fail.
+ * a path that frees (abort, eviction, clear), so those cannot fail. All
+ * metadata lives outside the arena: copy threads working on the data of
+ * reserved or pinned objects never race with the allocator.
  *
  * Chunks have no record of their own: the first member of a chunk is its
  * head and carries the chunk's list links and counters; the chunk index maps
@@ -623,6 +625,13 @@ err_release:
 nospace:
 	l1->nospace++;
 	return KVS_E_NOSPACE;
+}
+
+void *kvs_l1_arena(const kvs_l1 *l1, uint64_t *ret_size)
+{
+	if (ret_size)
+		*ret_size = l1->size;
+	return l1->arena;
 }
 
 void *kvs_l1_data(const kvs_l1_obj *o)

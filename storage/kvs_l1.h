@@ -55,6 +55,12 @@ int kvs_l1_create(const kvs_l1_config *cfg, kvs_l1 **ret);
  * all copies first. Accepts NULL. */
 void kvs_l1_destroy(kvs_l1 *l1);
 
+/* The arena: its first byte (KVS_L1_PAGE aligned) and, in *ret_size, its
+ * length. Fixed for the life of the L1, e.g. to register it once with a copy
+ * engine (cuMemHostRegister); every kvs_l1_data pointer lies inside. Nothing
+ * here ever writes the arena: only callers do, through kvs_l1_data. */
+void *kvs_l1_arena(const kvs_l1 *l1, uint64_t *ret_size);
+
 /* Reserves a new object of len bytes under key, in state RESERVED: invisible
  * to kvs_l1_get, never evicted, its data uninitialized and writable by the
  * caller (and by copy threads the caller hands kvs_l1_data to) until

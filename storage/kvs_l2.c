@@ -49,6 +49,8 @@ typedef struct l2_item {
 	uint64_t len;
 	void *cookie;
 	int result;
+	uint8_t *owned; /* META: key (mkey bytes) then value, owned by the item */
+	uint32_t mkey;
 } l2_item;
 
 typedef struct l2_list {
@@ -250,7 +252,8 @@ static int write_batch(kvs_l2 *l2, l2_item *batch, uint32_t nb, const kvs_objkey
 	l2->clock = meta_get(txn, l2->meta, "clock");
 	uint64_t incoming = 0;
 	for (uint32_t i = 0; i < nb; i++)
-		incoming += HDR_BYTES + batch[i].len;
+		if (batch[i].op == KVS_L2_WRITE)
+			incoming += HDR_BYTES + batch[i].len;
 	uint64_t high = l2->cfg.size / 100 * HIGH_PCT;
 	for (uint32_t i = 0; i < nd; i++) {
 		uint64_t f = del_object(l2, txn, &drops[i]);
@@ -269,6 +272,14 @@ static int write_batch(kvs_l2 *l2, l2_item *batch, uint32_t nb, const kvs_objkey
 	}
 	for (uint32_t i = 0; i < nb; i++) {
 		l2_item *it = &batch[i];
+		if (it->op == KVS_L2_META) {
+			uint8_t mk[2 + 64] = {'m', ':'};
+			memcpy(mk + 2, it->owned, it->mkey);
+			MDB_val k = {2 + it->mkey, mk}, v = {it->len, it->owned + it->mkey};
+			if ((rc = mdb_put(txn, l2->meta, &k, &v, 0)) != 0)
+				goto abort;
+			continue;
+		}
 		uint64_t freed = del_object(l2, txn, &it->key); /* overwrite = replace */
 		if (freed) {
 			bytes -= freed < bytes ? freed : bytes;
@@ -388,6 +399,11 @@ static void *writer_main(void *arg)
 		pthread_mutex_lock(&l2->mu);
 		l2->st.write_batches++;
 		for (uint32_t i = 0; i < nb; i++) {
+			if (orig[i]->op == KVS_L2_META) {
+				free(orig[i]->owned);
+				free(orig[i]);
+				continue;
+			}
 			if (rc)
 				l2->st.write_errors++;
 			else
@@ -640,7 +656,8 @@ int kvs_l2_write(kvs_l2 *l2, const kvs_objkey *key, uint64_t geom, const void *d
 	pthread_mutex_lock(&l2->mu);
 	bool dropped = false;
 	/* the disk cannot keep up: drop the oldest pending writes, never block */
-	while (l2->wq.n && (l2->wq.n >= l2->cfg.queue_max || l2->wq.bytes + len > l2->cfg.queue_max_bytes)) {
+	while (l2->wq.n && (l2->wq.n >= l2->cfg.queue_max || l2->wq.bytes + len > l2->cfg.queue_max_bytes) &&
+	       l2->wq.head->op == KVS_L2_WRITE) {
 		l2_item *old = list_pop(&l2->wq);
 		l2->st.write_drops++;
 		complete(l2, old, KVS_E_NOSPACE);
@@ -667,6 +684,48 @@ int kvs_l2_read(kvs_l2 *l2, const kvs_objkey *key, uint64_t geom, void *dst, uin
 	pthread_cond_signal(&l2->rcv);
 	pthread_mutex_unlock(&l2->mu);
 	return 0;
+}
+
+int kvs_l2_put_meta(kvs_l2 *l2, const void *key, uint32_t klen, const void *val, uint32_t vlen)
+{
+	if (klen > 64 || vlen > 4096)
+		return -EINVAL;
+	l2_item *it = calloc(1, sizeof(*it));
+	uint8_t *buf = malloc(klen + vlen + 1);
+	if (!it || !buf) {
+		free(it);
+		free(buf);
+		return -ENOMEM;
+	}
+	memcpy(buf, key, klen);
+	memcpy(buf + klen, val, vlen);
+	*it = (l2_item){.op = KVS_L2_META, .owned = buf, .mkey = klen, .len = vlen};
+	pthread_mutex_lock(&l2->mu);
+	list_push(&l2->wq, it);
+	pthread_cond_signal(&l2->wcv);
+	pthread_mutex_unlock(&l2->mu);
+	return 0;
+}
+
+int kvs_l2_get_meta(kvs_l2 *l2, const void *key, uint32_t klen, void *buf, uint32_t cap, uint32_t *ret_len)
+{
+	if (klen > 64)
+		return -EINVAL;
+	uint8_t mk[2 + 64] = {'m', ':'};
+	memcpy(mk + 2, key, klen);
+	MDB_txn *txn;
+	if (mdb_txn_begin(l2->env, NULL, MDB_RDONLY, &txn) != 0)
+		return KVS_E_MISS;
+	MDB_val k = {2 + klen, mk}, v;
+	int r = KVS_E_MISS;
+	if (mdb_get(txn, l2->meta, &k, &v) == 0) {
+		uint32_t n = v.mv_size < cap ? (uint32_t)v.mv_size : cap;
+		memcpy(buf, v.mv_data, n);
+		*ret_len = (uint32_t)v.mv_size;
+		r = 0;
+	}
+	mdb_txn_abort(txn);
+	return r;
 }
 
 void kvs_l2_touch(kvs_l2 *l2, const kvs_objkey *key)

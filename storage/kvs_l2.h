@@ -67,7 +67,7 @@ void kvs_l2_close(kvs_l2 *l2);
  * (counted; the caller treats it as a miss). */
 int kvs_l2_contains(kvs_l2 *l2, const kvs_objkey *key, uint64_t geom, uint64_t *ret_len);
 
-enum kvs_l2_op { KVS_L2_WRITE = 1, KVS_L2_READ = 2 };
+enum kvs_l2_op { KVS_L2_WRITE = 1, KVS_L2_READ = 2, KVS_L2_META = 3 };
 
 typedef struct kvs_l2_done {
 	int op;       /* enum kvs_l2_op */
@@ -84,6 +84,13 @@ int kvs_l2_write(kvs_l2 *l2, const kvs_objkey *key, uint64_t geom, const void *d
  * the checksum, namespace and geometry. Returns 0 or -ENOMEM. */
 int kvs_l2_read(kvs_l2 *l2, const kvs_objkey *key, uint64_t geom, void *dst, uint64_t len,
 		void *cookie);
+/* Small metadata records (e.g. the geometry of a namespace, so lookups after
+ * a restart work before any rank re-registers). put is queued to the writer
+ * (durable with its next group commit; completes as op KVS_L2_META with a
+ * NULL cookie); get reads synchronously. Keys up to 64 bytes, values up to
+ * 4 KiB. get returns 0 and *ret_len, or KVS_E_MISS. */
+int kvs_l2_put_meta(kvs_l2 *l2, const void *key, uint32_t klen, const void *val, uint32_t vlen);
+int kvs_l2_get_meta(kvs_l2 *l2, const void *key, uint32_t klen, void *buf, uint32_t cap, uint32_t *ret_len);
 /* Records an access (applied by the writer in its next transaction). */
 void kvs_l2_touch(kvs_l2 *l2, const kvs_objkey *key);
 /* Takes up to cap completions; returns how many. */

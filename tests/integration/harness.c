@@ -30,7 +30,7 @@ void kvt_server_init(kvt_server *s, ...)
 	va_start(ap, s);
 	const char *a;
 	while ((a = va_arg(ap, const char *)) != NULL && s->n_extra < 16)
-		snprintf(s->extra[s->n_extra++], 64, "%s", a);
+		snprintf(s->extra[s->n_extra++], sizeof(s->extra[0]), "%s", a);
 	va_end(ap);
 }
 

@@ -14,7 +14,7 @@ typedef struct kvt_server {
 	pid_t pid;
 	char dir[256];    /* temp dir, removed by kvt_server_cleanup */
 	char run[300];    /* broker dir */
-	char extra[16][64];
+	char extra[16][320];
 	int n_extra;
 } kvt_server;
 

@@ -22,11 +22,13 @@
 #define A0_SIZE ((uint64_t)G0_LAYERS * KVT_NUM_BLOCKS * G0_STRIDE)
 #define A1_SIZE ((uint64_t)G1_LAYERS * KVT_NUM_BLOCKS * G1_STRIDE + 4096)
 
-void kvt_key(uint32_t k, uint8_t out[32])
+void kvt_key(uint32_t k, uint8_t out[32]) { kvt_key_p(0, k, out); }
+
+void kvt_key_p(uint32_t p, uint32_t k, uint8_t out[32])
 {
 	uint32_t tokens[KVT_CHUNK_TOKENS * 64];
 	for (uint32_t i = 0; i < (k + 1) * KVT_CHUNK_TOKENS; i++)
-		tokens[i] = 1000 + i * 7;
+		tokens[i] = 1000 + i * 7 + p * 100003;
 	uint8_t keys[64 * 32];
 	kvs_keys_for_tokens("test-model", tokens, (k + 1) * KVT_CHUNK_TOKENS, KVT_CHUNK_TOKENS, keys, 64);
 	memcpy(out, keys + 32 * k, 32);
@@ -72,10 +74,11 @@ static int do_register(kvs_client *c, region *rg, uint32_t rank, uint64_t *handl
 static void fill_lists(const kvt_cmd *cmd, uint32_t base, int64_t *l0, int64_t *l1)
 {
 	for (uint32_t k = 0; k < cmd->n_keys; k++) {
+		uint32_t c = k + cmd->block_chunk;
 		for (uint32_t b = 0; b < KVT_G0_BPC; b++)
-			l0[k * KVT_G0_BPC + b] = base + k * KVT_G0_BPC + b;
+			l0[k * KVT_G0_BPC + b] = base + c * KVT_G0_BPC + b;
 		for (uint32_t b = 0; b < KVT_G1_BPC; b++)
-			l1[k * KVT_G1_BPC + b] = base + k * KVT_G1_BPC + b;
+			l1[k * KVT_G1_BPC + b] = base + c * KVT_G1_BPC + b;
 	}
 }
 
@@ -139,7 +142,7 @@ static void rank_main(kvt_server *s, const char *engine, uint32_t rank, uint32_t
 		memset(&res, 0, sizeof(res));
 		uint8_t keys[64 * 32];
 		for (uint32_t k = 0; k < cmd.n_keys && k < 64; k++)
-			kvt_key(cmd.first_key + k, keys + 32 * k);
+			kvt_key_p(cmd.prompt, cmd.first_key + k, keys + 32 * k);
 		int64_t l0[256], l1[256];
 		const int64_t *ids[2] = {l0, l1};
 		uint32_t lens[2] = {cmd.n_keys * KVT_G0_BPC, cmd.n_keys * KVT_G1_BPC};
@@ -172,6 +175,13 @@ static void rank_main(kvt_server *s, const char *engine, uint32_t rank, uint32_t
 			break;
 		case KVT_REGISTER:
 			res.code = do_register(c, &rg, rank, &handle);
+			break;
+		case KVT_RESET:
+			for (int a = 0; a < 2; a++)
+				memcpy(rg.a[a], rg.orig[a], rg.size[a]);
+			break;
+		case KVT_PEEK:
+			memcpy(res.data, block_ptr(&rg, 0, 0, cmd.src_base), 64);
 			break;
 		case KVT_STATE:
 			res.value = kvs_client_reconnects(c);

@@ -17,12 +17,14 @@
 #define KVT_NUM_BLOCKS 64
 
 enum kvt_cmd_op { KVT_STORE = 1, KVT_RETRIEVE, KVT_COMPLETE, KVT_VERIFY, KVT_UNREGISTER,
-		  KVT_REGISTER, KVT_STATE, KVT_EXIT, KVT_STORE_RAW };
+		  KVT_REGISTER, KVT_STATE, KVT_EXIT, KVT_STORE_RAW, KVT_RESET, KVT_PEEK };
 
 typedef struct kvt_cmd {
 	int op;
 	uint64_t job;
+	uint32_t prompt;            /* which test prompt the keys come from */
 	uint32_t first_key, n_keys; /* keys first_key .. first_key + n_keys - 1 */
+	uint32_t block_chunk;       /* block ids are numbered as if the request started at this chunk */
 	uint32_t src_base;          /* chunk k uses blocks base + k*bpc .. */
 	uint32_t dst_base;
 	uint64_t skip_tokens;
@@ -38,6 +40,7 @@ typedef struct kvt_res {
 	int state;
 	uint64_t value; /* VERIFY: mismatching bytes; STATE: reconnects */
 	uint64_t value2; /* VERIFY: bytes changed outside destinations */
+	uint8_t data[64]; /* PEEK: first 64 bytes of block src_base of layer 0, group 0 */
 } kvt_res;
 
 typedef struct kvt_rank {
@@ -54,7 +57,8 @@ int kvt_rank_do(kvt_rank *r, const kvt_cmd *cmd, kvt_res *res);
 void kvt_rank_kill(kvt_rank *r);
 void kvt_rank_stop(kvt_rank *r);
 
-/* The 32-byte key of chunk k of the test prompt (namespace "test-model"). */
+/* The 32-byte key of chunk k of test prompt 0 / of prompt p (namespace "test-model"). */
 void kvt_key(uint32_t k, uint8_t out[32]);
+void kvt_key_p(uint32_t p, uint32_t k, uint8_t out[32]);
 
 #endif

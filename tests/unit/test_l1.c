@@ -183,6 +183,11 @@ START_TEST(test_reserve_commit_get)
 	kvs_l1 *l1 = mk(64);
 	kvs_objkey k = mkkey(7, 1, 4, 2, 1);
 	kvs_l1_obj *o = res(l1, k, 10000);
+	uint64_t asize = 0;
+	uint8_t *arena = kvs_l1_arena(l1, &asize);
+	ck_assert_uint_eq(asize, 64 * PG);
+	ck_assert_uint_eq((uintptr_t)arena % PG, 0);
+	ck_assert_ptr_eq(kvs_l1_data(o), arena);
 	ck_assert_uint_eq((uintptr_t)kvs_l1_data(o) % PG, 0);
 	ck_assert_uint_eq(kvs_l1_len(o), 10000);
 	ck_assert_mem_eq(kvs_l1_key(o), &k, sizeof(k));
@@ -219,7 +224,7 @@ START_TEST(test_reserve_commit_get)
 	ck_assert_ptr_null(kvs_l1_get(l1, &k2));
 	/* a second object in another chunk gets the next pages */
 	kvs_l1_obj *o2 = put(l1, ck(1), 1, 1);
-	ck_assert_uint_eq((uintptr_t)kvs_l1_data(o2) % PG, 0);
+	ck_assert_ptr_eq(kvs_l1_data(o2), arena + 3 * PG);
 	ck_assert_ptr_eq(kvs_l1_get(l1, kvs_l1_key(o2)), o2);
 	ck_assert_uint_eq(stats(l1).chunks, 2);
 	ck_assert(intact(o, 42));
