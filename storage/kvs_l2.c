@@ -262,6 +262,13 @@ static int write_batch(kvs_l2 *l2, l2_item *batch, uint32_t nb, const kvs_objkey
 			objects -= objects ? 1 : 0;
 		}
 	}
+	/* stamps before eviction: an access recorded before this batch must
+	 * keep its object from counting as least recently used */
+	for (uint32_t i = 0; i < nt; i++) {
+		MDB_val k = {sizeof(touches[i]), (void *)&touches[i]}, v;
+		if (mdb_get(txn, l2->obj, &k, &v) == 0 && (rc = stamp(l2, txn, &touches[i])) != 0)
+			goto abort;
+	}
 	if (bytes + incoming > high || evict_target < bytes) {
 		uint64_t target = l2->cfg.size / 100 * LOW_PCT;
 		if (evict_target < target)
@@ -312,11 +319,6 @@ static int write_batch(kvs_l2 *l2, l2_item *batch, uint32_t nb, const kvs_objkey
 		bytes += HDR_BYTES + it->len;
 		objects++;
 		if ((rc = stamp(l2, txn, &it->key)) != 0)
-			goto abort;
-	}
-	for (uint32_t i = 0; i < nt; i++) {
-		MDB_val k = {sizeof(touches[i]), (void *)&touches[i]}, v;
-		if (mdb_get(txn, l2->obj, &k, &v) == 0 && (rc = stamp(l2, txn, &touches[i])) != 0)
 			goto abort;
 	}
 	if ((rc = meta_put(txn, l2->meta, "bytes", bytes)) || (rc = meta_put(txn, l2->meta, "objects", objects)) ||
@@ -571,6 +573,12 @@ int kvs_l2_open(const kvs_l2_config *cfg, kvs_l2 **ret)
 	mdb_env_info(l2->env, &info);
 	l2->st.map_size = info.me_mapsize;
 	l2->cfg.size = info.me_mapsize; /* an existing environment may be larger */
+	/* A commit needs free pages for its batch beside those of the last
+	 * snapshot and those the previous commit freed (LMDB reuses freed pages
+	 * only two transactions later), so a batch must stay small against the
+	 * map, or it fails with MDB_MAP_FULL however much is evicted. */
+	if (l2->cfg.batch_bytes > l2->cfg.size / 32)
+		l2->cfg.batch_bytes = l2->cfg.size / 32;
 	if ((rc = pthread_create(&l2->writer, NULL, writer_main, l2)) != 0) {
 		rc = -rc;
 		goto err_env;

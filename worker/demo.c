@@ -10,6 +10,8 @@
 
 #include "kvside.h"
 
+static const char *kvs_tier_name_pub(int t) { return t == KVS_TIER_L2 ? "L2 (disk)" : "L1 (DRAM)"; }
+
 #define WORLD 4
 #define LAYERS0 6   /* group 0: full attention, 16 tokens/block, 16 blocks/chunk */
 #define LAYERS1 2   /* group 1: sliding-window layers, same block size */
@@ -19,6 +21,7 @@
 #define N_CHUNKS 4
 
 static const char *broker_dir;
+static int after_restart; /* second run: the server restarted, nothing stored by us */
 static uint8_t keys[N_CHUNKS * 32];
 
 typedef struct rank_ctx {
@@ -48,10 +51,14 @@ static void *rank_main(void *arg)
 	r->size = (uint64_t)(LAYERS0 + LAYERS1) * NUM_BLOCKS * BLOCK_BYTES;
 	if ((r->result = kvs_memfd_create("demo-kv", r->size, &r->fd, (void **)&r->mem)) != 0)
 		goto out;
-	srandom(42 + r->rank);
-	for (uint64_t i = 0; i < r->size; i += 4) {
-		uint32_t v = (uint32_t)random();
-		memcpy(r->mem + i, &v, 4);
+	/* deterministic per rank (a private xorshift, not the shared random()),
+	 * so the run after a restart has the same source bytes */
+	uint64_t x = 0x9E3779B97F4A7C15ull * (r->rank + 1);
+	for (uint64_t i = 0; i < r->size; i += 8) {
+		x ^= x << 13;
+		x ^= x >> 7;
+		x ^= x << 17;
+		memcpy(r->mem + i, &x, 8);
 	}
 	kvs_alloc al = {.fd = r->fd, .size = r->size};
 	kvs_group gr[2] = {{.id = 0, .kind = KVS_GROUP_ATTENTION, .tokens_per_block = 16, .blocks_per_chunk = 16,
@@ -78,8 +85,9 @@ static void *rank_main(void *arg)
 	kvs_blocks bl = {.n_groups = 2, .ids = ids, .len = lens};
 	lists(0, l0, l1);
 	int st;
-	if ((r->result = kvs_store(r->c, 1, keys, N_CHUNKS, &bl, NULL, 0, &st)) != 0 ||
-	    (r->result = kvs_complete(r->c, 1, true, 0, &st)) != 0)
+	if (!after_restart &&
+	    ((r->result = kvs_store(r->c, 1, keys, N_CHUNKS, &bl, NULL, 0, &st)) != 0 ||
+	     (r->result = kvs_complete(r->c, 1, true, 0, &st)) != 0))
 		goto out;
 	pthread_barrier_wait(r->bar); /* stored */
 	pthread_barrier_wait(r->bar); /* scheduler: go retrieve */
@@ -101,7 +109,12 @@ out:
 
 int main(int argc, char **argv)
 {
-	broker_dir = argc > 1 ? argv[1] : NULL;
+	for (int i = 1; i < argc; i++) {
+		if (strcmp(argv[i], "--after-restart") == 0)
+			after_restart = 1;
+		else
+			broker_dir = argv[i];
+	}
 	uint32_t tokens[N_CHUNKS * CHUNK_TOKENS];
 	for (uint32_t i = 0; i < N_CHUNKS * CHUNK_TOKENS; i++)
 		tokens[i] = (i * 2654435761u) % 32000;
@@ -126,16 +139,25 @@ int main(int argc, char **argv)
 	}
 	pthread_barrier_wait(&bar);
 	uint64_t hits;
-	kvs_lookup(sched, keys, N_CHUNKS, false, 0, 0, &hits, NULL);
-	printf("scheduler: lookup before store -> %llu of %d chunks cached\n", (unsigned long long)hits, N_CHUNKS);
-	pthread_barrier_wait(&bar);
-	pthread_barrier_wait(&bar);
+	uint8_t tiers[N_CHUNKS];
 	int st = -1;
-	r = kvs_job_wait(sched, 1, 5000, &st);
-	printf("scheduler: store job 1 -> job_done %s\n", r ? kvs_strerror(r) : kvs_state_name(st));
-	kvs_lookup(sched, keys, N_CHUNKS, false, 0, 0, &hits, NULL);
-	printf("scheduler: lookup after store -> %llu of %d chunks cached (every rank, every group)\n",
-	       (unsigned long long)hits, N_CHUNKS);
+	kvs_lookup(sched, keys, N_CHUNKS, false, 0, 0, &hits, tiers);
+	if (after_restart) {
+		printf("scheduler: after the server restart, lookup -> %llu of %d chunks cached, tier %s\n",
+		       (unsigned long long)hits, N_CHUNKS, hits ? kvs_tier_name_pub(tiers[0]) : "-");
+		pthread_barrier_wait(&bar);
+		pthread_barrier_wait(&bar);
+	} else {
+		printf("scheduler: lookup before store -> %llu of %d chunks cached\n", (unsigned long long)hits,
+		       N_CHUNKS);
+		pthread_barrier_wait(&bar);
+		pthread_barrier_wait(&bar);
+		r = kvs_job_wait(sched, 1, 5000, &st);
+		printf("scheduler: store job 1 -> job_done %s\n", r ? kvs_strerror(r) : kvs_state_name(st));
+		kvs_lookup(sched, keys, N_CHUNKS, false, 0, 0, &hits, tiers);
+		printf("scheduler: lookup after store -> %llu of %d chunks cached (every rank, every group), tier %s\n",
+		       (unsigned long long)hits, N_CHUNKS, hits ? kvs_tier_name_pub(tiers[0]) : "-");
+	}
 	pthread_barrier_wait(&bar);
 	pthread_barrier_wait(&bar);
 	r = kvs_job_wait(sched, 2, 5000, &st);
@@ -151,10 +173,11 @@ int main(int argc, char **argv)
 	kvs_stat_out s[256];
 	uint32_t n = 0;
 	kvs_stats(sched, 0, s, 256, &n);
-	printf("server: %llu sessions, %llu L1 objects (%llu KiB), %llu jobs committed, %llu bytes copied, "
-	       "retained_blocks %llu\n",
+	printf("server: %llu sessions, %llu L1 objects (%llu KiB), %llu L2 objects, %llu jobs committed, "
+	       "%llu bytes copied, retained_blocks %llu\n",
 	       (unsigned long long)kvs_stat_find(s, n, "sessions"), (unsigned long long)kvs_stat_find(s, n, "l1_objects"),
 	       (unsigned long long)(kvs_stat_find(s, n, "l1_bytes") >> 10),
+	       (unsigned long long)kvs_stat_find(s, n, "l2_objects"),
 	       (unsigned long long)kvs_stat_find(s, n, "jobs_committed"),
 	       (unsigned long long)kvs_stat_find(s, n, "copy_bytes"),
 	       (unsigned long long)kvs_stat_find(s, n, "retained_blocks"));
