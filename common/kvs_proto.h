@@ -36,7 +36,6 @@
 #define KVS_MAX_STR 128               /* engine, namespace, reason, ... */
 #define KVS_MAX_ERRMSG 512
 #define KVS_MAX_COUNTERS 256
-#define KVS_MAX_ELEMS 65536           /* any other array or map */
 
 typedef enum kvs_op {
 	KVS_OP_NONE = 0,

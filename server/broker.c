@@ -119,6 +119,10 @@ void kvs__broker_close(kvs_server *srv)
 			parked_free(p);
 		}
 	}
+	kvs_htab_destroy(srv->consumed);
+	srv->consumed = NULL;
+	free(srv->consumed_ring);
+	srv->consumed_ring = NULL;
 	if (srv->spare_fd >= 0)
 		close(srv->spare_fd);
 	srv->spare_fd = -1;
@@ -211,8 +215,8 @@ void kvs__broker_conn_ready(kvs_server *srv, int idx)
 		return;
 	}
 	int status = 0;
-	if (kvs_htab_get(srv->parked, req.token))
-		status = KVS_E_AUTH; /* a token is good for one fd */
+	if (kvs_htab_get(srv->parked, req.token) || (srv->consumed && kvs_htab_get(srv->consumed, req.token)))
+		status = KVS_E_AUTH; /* a token is good for one fd, once */
 	else if (kvs_htab_count(srv->parked) >= srv->max_parked)
 		status = KVS_E_LIMIT;
 	kvs_parked *p = NULL;
@@ -262,7 +266,31 @@ void kvs__broker_expire(kvs_server *srv)
 	}
 }
 
+#define CONSUMED_RING 4096
+
 kvs_parked *kvs__broker_claim(kvs_server *srv, const uint8_t token[16])
 {
-	return kvs_htab_del(srv->parked, token);
+	kvs_parked *p = kvs_htab_del(srv->parked, token);
+	if (!p)
+		return NULL;
+	/* remember the last CONSUMED_RING claimed tokens so a replay is refused */
+	if (!srv->consumed_ring) {
+		srv->consumed_ring = calloc(CONSUMED_RING, sizeof(*srv->consumed_ring));
+		if (!srv->consumed_ring || kvs_htab_create(16, 0, &srv->consumed) < 0) {
+			free(srv->consumed_ring);
+			srv->consumed_ring = NULL;
+			return p;
+		}
+	}
+	struct kvs_token_ent *e = &srv->consumed_ring[(srv->consumed_head + srv->consumed_n) % CONSUMED_RING];
+	if (srv->consumed_n == CONSUMED_RING) {
+		e = &srv->consumed_ring[srv->consumed_head];
+		kvs_htab_del(srv->consumed, e->token);
+		srv->consumed_head = (srv->consumed_head + 1) % CONSUMED_RING;
+		srv->consumed_n--;
+	}
+	memcpy(e->token, token, 16);
+	if (kvs_htab_put(srv->consumed, e) == 0)
+		srv->consumed_n++;
+	return p;
 }

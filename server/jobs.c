@@ -428,6 +428,7 @@ static int cmp_u64(const void *a, const void *b)
  * with blocks_per_chunk ids per key; ids in range or the group's null id. */
 static int check_blocks(kvs_server *srv, const kvs_reg *g, const kvs_msg *rq)
 {
+	uint64_t *tmp = NULL;
 	if (rq->blocks.n != g->n_groups)
 		return kvs__fail(srv, KVS_E_GEOMETRY, "blocks: %u lists for %u groups", rq->blocks.n, g->n_groups);
 	for (uint32_t gi = 0; gi < g->n_groups; gi++) {
@@ -445,7 +446,25 @@ static int check_blocks(kvs_server *srv, const kvs_reg *g, const kvs_msg *rq)
 				return kvs__fail(srv, KVS_E_RANGE, "blocks[%u][%u]: block id %lld outside 0..%llu", gi, i,
 						 (long long)id, (unsigned long long)G->num_blocks - 1);
 		}
+		/* a retrieve writing one block twice would race its own copies */
+		if (rq->op == KVS_OP_RETRIEVE && rq->blocks.len[gi] > 1) {
+			uint32_t n = 0;
+			tmp = realloc(tmp, rq->blocks.len[gi] * sizeof(*tmp));
+			if (!tmp)
+				return kvs__fail(srv, KVS_E_INTERNAL, "out of memory");
+			for (uint32_t i = 0; i < rq->blocks.len[gi]; i++)
+				if (rq->blocks.ids[gi][i] != G->desc.null_block)
+					tmp[n++] = (uint64_t)rq->blocks.ids[gi][i];
+			qsort(tmp, n, sizeof(*tmp), cmp_u64);
+			for (uint32_t i = 1; i < n; i++)
+				if (tmp[i] == tmp[i - 1]) {
+					free(tmp);
+					return kvs__fail(srv, KVS_E_GEOMETRY, "blocks[%u]: destination block %llu named twice",
+							 gi, (unsigned long long)tmp[i]);
+				}
+		}
 	}
+	free(tmp);
 	return 0;
 }
 
@@ -475,16 +494,30 @@ static int plan_store(kvs_server *srv, kvs_session *s, const kvs_reg *g, const k
 		uint32_t bpc = G->desc.blocks_per_chunk;
 		for (uint32_t k = 0; k < rq->n_keys; k++) {
 			const int64_t *ids = rq->blocks.ids[gi] + (size_t)k * bpc;
-			uint32_t nulls = 0;
-			for (uint32_t b = 0; b < bpc; b++)
-				nulls += is_null(G, ids[b]);
+			uint32_t nulls = 0, sel = 0;
+			for (uint32_t b = 0; b < bpc; b++) {
+				if (is_null(G, ids[b]))
+					nulls++;
+				else
+					sel = b;
+			}
 			if (nulls == bpc)
 				continue; /* nothing for this group in this chunk */
-			if (nulls) {
+			/* attention: the whole chunk; recurrent: exactly one state block,
+			 * the one at the chunk's end boundary, chosen by the engine */
+			bool recurrent = G->desc.kind == KVS_GROUP_RECURRENT;
+			if (recurrent && bpc - nulls != 1) {
+				free(uniq);
+				return kvs__fail(srv, KVS_E_GEOMETRY,
+						 "blocks[%u]: recurrent group %u carries %u state blocks for chunk %u, exactly one expected",
+						 gi, G->desc.id, bpc - nulls, k);
+			}
+			if (!recurrent && nulls) {
 				free(uniq);
 				return kvs__fail(srv, KVS_E_GEOMETRY, "blocks[%u]: chunk %u mixes null and real blocks", gi, k);
 			}
-			for (uint32_t b = 0; b < bpc; b++)
+			uint32_t b0 = recurrent ? sel : 0, b1 = recurrent ? sel + 1 : bpc;
+			for (uint32_t b = b0; b < b1; b++)
 				uniq[n_uniq++] = ((uint64_t)gi << 48) | (uint64_t)ids[b];
 			kvs_objkey key;
 			obj_key(&key, ns, s->world, s->rank, G->desc.id, rq->keys + (size_t)k * KVS_KEY_BYTES);
@@ -514,7 +547,7 @@ static int plan_store(kvs_server *srv, kvs_session *s, const kvs_reg *g, const k
 			uint32_t n = 0;
 			for (uint32_t li = 0; li < G->n_layers; li++) {
 				const kvs_view *v = &g->views[G->layers[li]];
-				for (uint32_t b = 0; b < bpc; b++) {
+				for (uint32_t b = b0; b < b1; b++) {
 					const uint8_t *src = v->base + (uint64_t)ids[b] * v->stride;
 					/* merge runs of adjacent blocks into one copy */
 					if (n && (const uint8_t *)segs[n - 1].src + segs[n - 1].len == src &&
@@ -573,7 +606,8 @@ static kvs_promo *promo_start(kvs_server *srv, const kvs_objkey *key, uint64_t g
 	int r = kvs_l1_reserve(srv->l1, key, len, &pr->obj);
 	if (r) {
 		free(pr);
-		*err = r == KVS_E_NOSPACE ? KVS_E_NOSPACE : KVS_E_INTERNAL;
+		/* -EBUSY: a store of the same object is in flight: not available yet */
+		*err = r == KVS_E_NOSPACE ? KVS_E_NOSPACE : r == -EBUSY ? KVS_E_MISS : KVS_E_INTERNAL;
 		return NULL;
 	}
 	if (kvs_htab_put(srv->jobs->promos, pr) < 0 ||
@@ -674,6 +708,42 @@ static int locate(kvs_server *srv, const kvs_objkey *key, uint64_t geom, uint64_
 	return KVS_E_MISS;
 }
 
+/* Which blocks of chunk k (of n) a retrieve writes for group G: attention
+ * writes every chunk (a windowed group only its trailing window_chunks),
+ * recurrent groups only the state of the last chunk, into its one non-null
+ * destination block; blocks wholly inside skip_tokens and null ids are not
+ * written. Returns how many; -1 if the last chunk of a recurrent group does
+ * not name exactly one destination block. */
+static int wanted(const kvs_reg_group *G, uint32_t n, uint32_t k, const int64_t *ids, uint64_t skip,
+		  bool *want)
+{
+	uint32_t bpc = G->desc.blocks_per_chunk;
+	uint64_t tpb = G->desc.tokens_per_block;
+	int cnt = 0;
+	memset(want, 0, bpc * sizeof(*want));
+	if (G->desc.kind == KVS_GROUP_RECURRENT) {
+		if (k != n - 1)
+			return 0;
+		int sel = -1, nn = 0;
+		for (uint32_t b = 0; b < bpc; b++)
+			if (!is_null(G, ids[b]))
+				sel = (int)b, nn++;
+		if (nn != 1)
+			return -1;
+		if (((uint64_t)k + 1) * bpc * tpb <= skip)
+			return 0;
+		want[sel] = true;
+		return 1;
+	}
+	if (G->desc.window_chunks > 0 && (int64_t)k < (int64_t)n - G->desc.window_chunks)
+		return 0;
+	for (uint32_t b = 0; b < bpc; b++) {
+		want[b] = !is_null(G, ids[b]) && ((uint64_t)k * bpc + b + 1) * tpb > skip;
+		cnt += want[b];
+	}
+	return cnt;
+}
+
 /* Builds the copy tasks of a retrieve part. Every needed object must be in
  * L1 or L2 (else E_MISS, nothing touched). Objects only in L2 are promoted
  * into L1 first; the part's copies are then held until every promotion has
@@ -693,10 +763,13 @@ static int plan_retrieve(kvs_server *srv, kvs_session *s, const kvs_reg *g, cons
 			return kvs__fail(srv, KVS_E_LIMIT, "blocks_per_chunk above 4096");
 		for (uint32_t k = 0; k < rq->n_keys; k++) {
 			const int64_t *ids = rq->blocks.ids[gi] + (size_t)k * bpc;
-			bool any = false;
-			for (uint32_t b = 0; b < bpc && !any; b++)
-				any = !is_null(G, ids[b]) && ((uint64_t)k * bpc + b + 1) * G->desc.tokens_per_block > rq->skip_tokens;
-			if (!any)
+			bool want[4096];
+			int nw = wanted(G, rq->n_keys, k, ids, rq->skip_tokens, want);
+			if (nw < 0)
+				return kvs__fail(srv, KVS_E_GEOMETRY,
+						 "blocks[%u]: recurrent group %u needs exactly one destination block in the last chunk",
+						 gi, G->desc.id);
+			if (!nw)
 				continue;
 			kvs_objkey key;
 			kvs_l1_obj *o;
@@ -713,18 +786,14 @@ static int plan_retrieve(kvs_server *srv, kvs_session *s, const kvs_reg *g, cons
 	for (uint32_t gi = 0; gi < g->n_groups && !p->fail_code; gi++) {
 		const kvs_reg_group *G = &g->groups[gi];
 		uint32_t bpc = G->desc.blocks_per_chunk;
-		uint64_t tpb = G->desc.tokens_per_block;
+		bool recurrent = G->desc.kind == KVS_GROUP_RECURRENT;
 		for (uint32_t k = 0; k < rq->n_keys && !p->fail_code; k++) {
 			const int64_t *ids = rq->blocks.ids[gi] + (size_t)k * bpc;
 			bool want[4096];
-			uint32_t n_want = 0;
-			for (uint32_t b = 0; b < bpc; b++) {
-				uint64_t block_end = ((uint64_t)k * bpc + b + 1) * tpb;
-				want[b] = !is_null(G, ids[b]) && block_end > rq->skip_tokens;
-				n_want += want[b];
-			}
-			if (!n_want)
+			int nw = wanted(G, rq->n_keys, k, ids, rq->skip_tokens, want);
+			if (nw <= 0)
 				continue;
+			uint32_t n_want = (uint32_t)nw;
 			kvs_objkey key;
 			obj_key(&key, ns, s->world, s->rank, G->desc.id, rq->keys + (size_t)k * KVS_KEY_BYTES);
 			kvs_l1_obj *o = kvs_l1_get(srv->l1, &key);
@@ -756,15 +825,20 @@ static int plan_retrieve(kvs_server *srv, kvs_session *s, const kvs_reg *g, cons
 			uint32_t n = 0;
 			for (uint32_t li = 0; li < G->n_layers; li++) {
 				const kvs_view *v = &g->views[G->layers[li]];
-				for (uint32_t b = 0; b < bpc; b++, src += v->block_bytes) {
-					if (!want[b])
+				for (uint32_t b = 0; b < bpc; b++) {
+					if (!want[b]) {
+						if (!recurrent)
+							src += v->block_bytes;
 						continue;
+					}
 					uint8_t *dst = v->base + (uint64_t)ids[b] * v->stride;
-					if (n && (const uint8_t *)segs[n - 1].src + segs[n - 1].len == src &&
+					const uint8_t *from = src;
+					src += v->block_bytes;
+					if (n && (const uint8_t *)segs[n - 1].src + segs[n - 1].len == from &&
 					    (uint8_t *)segs[n - 1].dst + segs[n - 1].len == dst)
 						segs[n - 1].len += v->block_bytes;
 					else
-						segs[n++] = (kvs_copy_seg){dst, src, v->block_bytes};
+						segs[n++] = (kvs_copy_seg){dst, from, v->block_bytes};
 				}
 			}
 			t->segs = segs;
@@ -819,6 +893,14 @@ static int op_part(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
 	 * job (created if this is its first part) aborts */
 	kvs_reg *g = kvs_registry_of_session(srv->reg, s->id);
 	int r = g ? check_blocks(srv, g, rq) : kvs__fail(srv, KVS_E_NOREG, "session has no registration");
+	if (!r && rq->op == KVS_OP_STORE && rq->lazy) {
+		/* a deferred copy cannot keep an exact boundary snapshot safe */
+		for (uint32_t gi = 0; gi < g->n_groups && !r; gi++)
+			if (g->groups[gi].desc.kind == KVS_GROUP_RECURRENT)
+				r = kvs__fail(srv, KVS_E_LAZY_RECURRENT,
+					      "lazy store refused: registration has recurrent group %u",
+					      g->groups[gi].desc.id);
+	}
 	if (!job) {
 		job = job_new(srv, s, key, rq->job, rq->op);
 		if (!job)
@@ -868,7 +950,10 @@ static int op_part(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
 		free_tasks(pl.tasks, pl.n_tasks);
 		job_abort(srv, job, "rank %u part refused: %s", s->rank, kvs_error_name(code));
 		try_finalize(srv, job);
-		return kvs__fail(srv, code, "no room in L1 to promote L2 chunks; nothing was written");
+		return kvs__fail(srv, code, "%s; nothing was written",
+				 code == KVS_E_NOSPACE ? "no room in L1 to promote L2 chunks"
+				 : code == KVS_E_MISS ? "a chunk is being stored by another job"
+						      : "internal failure while promoting L2 chunks");
 	}
 	part_submit(srv, p, pl.tasks, pl.n_tasks);
 	free(pl.tasks);
@@ -887,6 +972,8 @@ int kvs__op_retrieve(kvs_server *srv, kvs_session *s, const kvs_msg *rq) { retur
 int kvs__op_complete(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
 {
 	kvs_jobs *J = srv->jobs;
+	if (s->role != KVS_ROLE_WORKER)
+		return kvs__fail(srv, KVS_E_SESSION, "only worker sessions complete job parts");
 	uint8_t key[JOBKEY_BYTES];
 	job_key(s->engine, rq->job, key);
 	kvs_terminal *t = kvs_htab_get(J->terminal, key);
@@ -1068,7 +1155,7 @@ void kvs_jobs_destroy(kvs_server *srv, kvs_jobs *J)
 	/* copies and promotions still running: wait for them, then finalise */
 	while (kvs_htab_count(J->open) || kvs_htab_count(J->promos)) {
 		kvs_jobs_completions(srv);
-		if (kvs_htab_count(J->open))
+		if (kvs_htab_count(J->open) || kvs_htab_count(J->promos))
 			usleep(1000);
 	}
 	for (uint32_t i = 0; i < J->n_lpins; i++)
@@ -1090,6 +1177,8 @@ typedef struct kvs_geo {
 	uint32_t n;
 	struct {
 		uint32_t id;
+		uint32_t kind;   /* enum kvs_group_kind */
+		int64_t window;  /* -1 = full */
 		uint64_t geom, obj_bytes;
 	} g[KVS_MAX_GROUPS];
 } kvs_geo;
@@ -1104,9 +1193,13 @@ void kvs_jobs_registered(kvs_server *srv, const kvs_reg *g)
 {
 	if (!srv->l2)
 		return;
-	kvs_geo geo = {.n = g->n_groups};
+	kvs_geo geo;
+	memset(&geo, 0, sizeof(geo));
+	geo.n = g->n_groups;
 	for (uint32_t i = 0; i < g->n_groups; i++) {
 		geo.g[i].id = g->groups[i].desc.id;
+		geo.g[i].kind = g->groups[i].desc.kind;
+		geo.g[i].window = g->groups[i].desc.window_chunks;
 		geo.g[i].geom = g->groups[i].geom;
 		geo.g[i].obj_bytes = g->groups[i].obj_bytes;
 	}
@@ -1125,6 +1218,8 @@ static bool geo_of(kvs_server *srv, kvs_session *s, kvs_geo *geo)
 		geo->n = g->n_groups;
 		for (uint32_t i = 0; i < g->n_groups; i++) {
 			geo->g[i].id = g->groups[i].desc.id;
+			geo->g[i].kind = g->groups[i].desc.kind;
+			geo->g[i].window = g->groups[i].desc.window_chunks;
 			geo->g[i].geom = g->groups[i].geom;
 			geo->g[i].obj_bytes = g->groups[i].obj_bytes;
 		}
@@ -1154,6 +1249,37 @@ static void lookup_pin(kvs_server *srv, kvs_l1_obj *o, uint64_t pin_ms)
 	J->lpins[J->n_lpins++] = (kvs_lpin){o, srv->now_ms + pin_ms};
 }
 
+/* Does chunk k of group gi need to be present for a hit of n chunks? */
+static bool needed(const kvs_geo *geo, uint32_t gi, uint32_t n, uint32_t k)
+{
+	if (geo->g[gi].kind == KVS_GROUP_RECURRENT)
+		return k == n - 1; /* the state at the end of chunk n, nothing else */
+	if (geo->g[gi].window > 0)
+		return (int64_t)k >= (int64_t)n - geo->g[gi].window;
+	return true;
+}
+
+/* present[gi * n_keys + k]: -1 unknown, 0 absent, 1 in L1 on every rank, 2 some rank only in L2 */
+static int8_t presence(kvs_server *srv, kvs_session *s, const kvs_geo *geo, const uint8_t ns[16],
+		       const uint8_t *keys, uint32_t gi, uint32_t k)
+{
+	int8_t v = 1;
+	for (uint32_t r = 0; r < s->world && v; r++) {
+		kvs_objkey key;
+		kvs_l1_obj *o;
+		obj_key(&key, ns, s->world, r, geo->g[gi].id, keys + (size_t)k * KVS_KEY_BYTES);
+		if (locate(srv, &key, geo->g[gi].geom, geo->g[gi].obj_bytes, &o) != 0)
+			v = 0;
+		else if (!o)
+			v = 2;
+	}
+	return v;
+}
+
+/* A prefix of n chunks hits only if, on every rank, every full-attention
+ * group has all n chunks, every windowed group its last window_chunks of
+ * them, and every recurrent group the state at the end of chunk n: state
+ * from one prefix length is never spliced with attention KV of another. */
 int kvs__op_lookup(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
 {
 	kvs_jobs *J = srv->jobs;
@@ -1161,34 +1287,53 @@ int kvs__op_lookup(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
 	J->st.lookup_keys += rq->n_keys;
 	kvs_geo geo;
 	bool known = geo_of(srv, s, &geo);
-	uint8_t *tiers = calloc(rq->n_keys ? rq->n_keys : 1, 1);
-	if (!tiers)
+	uint32_t N = rq->n_keys;
+	uint8_t *tiers = calloc(N ? N : 1, 1);
+	int8_t *pres = known ? malloc((size_t)geo.n * (N ? N : 1)) : NULL;
+	if (!tiers || (known && !pres)) {
+		free(tiers);
+		free(pres);
 		return kvs__fail(srv, KVS_E_INTERNAL, "out of memory");
-	uint64_t hits = 0;
+	}
 	uint8_t ns[16];
 	ns_digest(s->ns, ns);
-	/* a chunk hits only if every rank has every group's object, in L1 or L2
-	 * (or on its way into L1) */
-	for (uint32_t k = 0; known && k < rq->n_keys; k++) {
-		bool all = true;
-		tiers[k] = KVS_TIER_L1;
-		for (uint32_t r = 0; r < s->world && all; r++)
-			for (uint32_t gi = 0; gi < geo.n && all; gi++) {
-				kvs_objkey key;
-				kvs_l1_obj *o;
-				obj_key(&key, ns, s->world, r, geo.g[gi].id, rq->keys + (size_t)k * KVS_KEY_BYTES);
-				all = locate(srv, &key, geo.g[gi].geom, geo.g[gi].obj_bytes, &o) == 0;
-				if (all && !o)
-					tiers[k] = KVS_TIER_L2;
+	uint64_t hits = 0;
+	if (known) {
+		memset(pres, -1, (size_t)geo.n * N);
+#define PRES(gi, k) (pres[(gi) * N + (k)] >= 0 ? pres[(gi) * N + (k)] \
+		     : (pres[(gi) * N + (k)] = presence(srv, s, &geo, ns, rq->keys, (gi), (k))))
+		/* upper bound: the leading run every full-attention group has */
+		uint32_t A = N;
+		for (uint32_t gi = 0; gi < geo.n; gi++)
+			if (geo.g[gi].kind == KVS_GROUP_ATTENTION && geo.g[gi].window < 0)
+				for (uint32_t k = 0; k < A; k++)
+					if (!PRES(gi, k)) {
+						A = k;
+						break;
+					}
+		for (uint32_t n = A; n >= 1 && !hits; n--) {
+			bool ok = true;
+			for (uint32_t gi = 0; gi < geo.n && ok; gi++) {
+				if (geo.g[gi].kind == KVS_GROUP_ATTENTION && geo.g[gi].window < 0)
+					continue; /* covered by A */
+				for (uint32_t k = 0; k < n && ok; k++)
+					if (needed(&geo, gi, n, k))
+						ok = PRES(gi, k) != 0;
 			}
-		if (!all)
-			break;
-		hits++;
+			if (ok)
+				hits = n;
+		}
+#undef PRES
 	}
-	/* refresh, pin (pin_ms) and prefetch (L2 -> L1) what hit */
+	/* tiers; refresh, pin (pin_ms) and prefetch (L2 -> L1) what the hit needs */
 	for (uint32_t k = 0; k < hits; k++) {
-		for (uint32_t r = 0; r < s->world; r++)
-			for (uint32_t gi = 0; gi < geo.n; gi++) {
+		tiers[k] = KVS_TIER_L1;
+		for (uint32_t gi = 0; gi < geo.n; gi++) {
+			if (!needed(&geo, gi, (uint32_t)hits, k))
+				continue;
+			if (pres[gi * N + k] == 2)
+				tiers[k] = KVS_TIER_L2;
+			for (uint32_t r = 0; r < s->world; r++) {
 				kvs_objkey key;
 				obj_key(&key, ns, s->world, r, geo.g[gi].id, rq->keys + (size_t)k * KVS_KEY_BYTES);
 				kvs_l1_obj *o = kvs_l1_get(srv->l1, &key);
@@ -1204,6 +1349,7 @@ int kvs__op_lookup(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
 						J->st.prefetches++;
 				}
 			}
+		}
 		J->st.lookup_hits_l2 += tiers[k] == KVS_TIER_L2;
 	}
 	J->st.lookup_hits += hits;
@@ -1211,6 +1357,7 @@ int kvs__op_lookup(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
 		       .n_tiers = (uint32_t)hits};
 	kvs__reply(srv, s->ident, s->ident_len, &rep);
 	free(tiers);
+	free(pres);
 	return 0;
 }
 

@@ -154,10 +154,12 @@ static int validate(kvs_server *srv, const kvs_msg *rq)
 		return kvs__fail(srv, KVS_E_GEOMETRY, "a registration needs at least one allocation, group and layer");
 	for (uint32_t i = 0; i < rq->n_groups; i++) {
 		const kvs_group_desc *g = &rq->groups[i];
-		if (g->tokens_per_block == 0 || g->blocks_per_chunk == 0)
-			return kvs__fail(srv, KVS_E_GEOMETRY, "groups[%u]: tokens_per_block and blocks_per_chunk must be >= 1", i);
+		if (g->tokens_per_block == 0 || g->blocks_per_chunk == 0 || g->blocks_per_chunk > 4096)
+			return kvs__fail(srv, KVS_E_GEOMETRY, "groups[%u]: tokens_per_block must be >= 1 and blocks_per_chunk 1..4096", i);
 		if (g->window_chunks == 0 || g->window_chunks < -1)
 			return kvs__fail(srv, KVS_E_GEOMETRY, "groups[%u]: window_chunks must be -1 or >= 1", i);
+		if (g->kind == KVS_GROUP_RECURRENT && g->window_chunks != -1)
+			return kvs__fail(srv, KVS_E_GEOMETRY, "groups[%u]: a recurrent group has no window", i);
 		if (g->null_block < -1)
 			return kvs__fail(srv, KVS_E_GEOMETRY, "groups[%u]: null_block must be -1 or a block id", i);
 		for (uint32_t j = 0; j < i; j++)
@@ -266,8 +268,15 @@ int kvs__op_register(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
 			continue;
 		}
 		int fd = claimed[i]->fd;
-		if (fcntl(fd, F_GET_SEALS) < 0 || !S_ISREG(st.st_mode)) {
+		int seals = fcntl(fd, F_GET_SEALS);
+		if (seals < 0 || !S_ISREG(st.st_mode)) {
 			r = kvs__fail(srv, KVS_E_DEVICE, "allocations[%u]: fd is not a memfd", i);
+			goto err_imports;
+		}
+		/* a memfd shrunk under our mapping would SIGBUS the copy threads */
+		if (!(seals & F_SEAL_SHRINK) && fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) < 0) {
+			r = kvs__fail(srv, KVS_E_DEVICE, "allocations[%u]: memfd cannot be sealed against shrinking "
+				      "(create it with MFD_ALLOW_SEALING or add F_SEAL_SHRINK)", i);
 			goto err_imports;
 		}
 		if ((uint64_t)st.st_size < rq->allocs[i].size) {
@@ -328,7 +337,10 @@ int kvs__op_register(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
 				continue;
 			G->layers[G->n_layers++] = li;
 			G->num_blocks = l->num_blocks;
-			G->obj_bytes += l->block_bytes * G->desc.blocks_per_chunk;
+			/* attention: every block of the chunk; recurrent: the one state
+			 * block at the chunk's end boundary */
+			G->obj_bytes += l->block_bytes *
+					(G->desc.kind == KVS_GROUP_RECURRENT ? 1 : G->desc.blocks_per_chunk);
 		}
 	}
 	for (uint32_t gi = 0; gi < rq->n_groups; gi++) {
@@ -420,12 +432,12 @@ err_claims:
 int kvs__op_unregister(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
 {
 	kvs_reg *g = kvs_htab_get(srv->reg->regs, &rq->registration);
+	if (g && g->session == s->id && g->unreg_id)
+		return kvs__fail(srv, KVS_E_BUSY, "an unregister of %llu is already waiting",
+				 (unsigned long long)g->id);
 	if (!g || g->session != s->id || g->dead)
 		return kvs__fail(srv, KVS_E_NOREG, "registration %llu is not held by this session",
 				 (unsigned long long)rq->registration);
-	if (g->unreg_id)
-		return kvs__fail(srv, KVS_E_BUSY, "an unregister of %llu is already waiting",
-				 (unsigned long long)g->id);
 	g->dead = true; /* unreachable for new job parts from now on */
 	if (g->leases == 0) {
 		reg_release(srv, g);
@@ -456,7 +468,10 @@ void kvs_registry_tick(kvs_server *srv)
 			pos = 0; /* table changed: restart the sweep */
 		} else if (g->unreg_deadline_ms <= srv->now_ms) {
 			g->unreg_id = 0;
-			g->dead = false; /* still usable: the caller decides what next */
+			/* still usable, unless the session registered anew meanwhile:
+			 * a session never holds two live registrations */
+			if (!kvs_registry_of_session(srv->reg, sess))
+				g->dead = false;
 			kvs__err_to_session(srv, sess, KVS_OP_UNREGISTER, id, KVS_E_BUSY,
 					    "registration %llu still has %u active leases after %llu ms",
 					    (unsigned long long)g->id, g->leases,

@@ -110,6 +110,9 @@ struct kvs_server {
 
 	kvs_htab *sessions; /* kvs_session by id */
 	kvs_htab *parked;   /* kvs_parked by token */
+	kvs_htab *consumed; /* recently claimed tokens (ring entries), refused if replayed */
+	struct kvs_token_ent { uint8_t token[16]; } *consumed_ring;
+	uint32_t consumed_head, consumed_n;
 	kvs_broker_conn conns[KVS_MAX_BROKER_CONNS];
 	int n_conns;
 

@@ -13,7 +13,7 @@
  * chunk, the unit of eviction. */
 typedef struct kvs_objkey {
 	uint8_t chunk[32]; /* chunk key (kvs_chunk_keys) */
-	uint8_t ns[16];    /* first 16 bytes of BLAKE2b of the namespace string */
+	uint8_t ns[16];    /* BLAKE2b with a 16-byte output of the namespace string */
 	uint32_t world;
 	uint32_t rank;
 	uint32_t group;

@@ -202,8 +202,10 @@ static int stamp(kvs_l2 *l2, MDB_txn *txn, const kvs_objkey *key)
 	return rc;
 }
 
-/* Deletes least-recently-used objects until *bytes <= target. */
-static int evict_to(kvs_l2 *l2, MDB_txn *txn, uint64_t *bytes, uint64_t *objects, uint64_t target)
+/* Deletes least-recently-used objects until *bytes <= target; adds their
+ * number to *evicted (counted by the caller once the transaction commits). */
+static int evict_to(kvs_l2 *l2, MDB_txn *txn, uint64_t *bytes, uint64_t *objects, uint64_t target,
+		    uint64_t *evicted)
 {
 	MDB_cursor *cur;
 	int rc = mdb_cursor_open(txn, l2->lru, &cur);
@@ -230,9 +232,7 @@ static int evict_to(kvs_l2 *l2, MDB_txn *txn, uint64_t *bytes, uint64_t *objects
 		mdb_del(txn, l2->atime, &ok, NULL);
 	}
 	mdb_cursor_close(cur);
-	pthread_mutex_lock(&l2->mu);
-	l2->st.evictions += n;
-	pthread_mutex_unlock(&l2->mu);
+	*evicted += n;
 	return rc == MDB_NOTFOUND ? 0 : rc;
 }
 
@@ -250,7 +250,7 @@ static int write_batch(kvs_l2 *l2, l2_item *batch, uint32_t nb, const kvs_objkey
 	uint64_t bytes = meta_get(txn, l2->meta, "bytes");
 	uint64_t objects = meta_get(txn, l2->meta, "objects");
 	l2->clock = meta_get(txn, l2->meta, "clock");
-	uint64_t incoming = 0;
+	uint64_t incoming = 0, evicted = 0;
 	for (uint32_t i = 0; i < nb; i++)
 		if (batch[i].op == KVS_L2_WRITE)
 			incoming += HDR_BYTES + batch[i].len;
@@ -274,7 +274,7 @@ static int write_batch(kvs_l2 *l2, l2_item *batch, uint32_t nb, const kvs_objkey
 		if (evict_target < target)
 			target = evict_target;
 		target = target > incoming ? target - incoming : 0;
-		if ((rc = evict_to(l2, txn, &bytes, &objects, target)) != 0)
+		if ((rc = evict_to(l2, txn, &bytes, &objects, target, &evicted)) != 0)
 			goto abort;
 	}
 	for (uint32_t i = 0; i < nb; i++) {
@@ -329,6 +329,7 @@ static int write_batch(kvs_l2 *l2, l2_item *batch, uint32_t nb, const kvs_objkey
 	pthread_mutex_lock(&l2->mu);
 	l2->st.bytes = bytes;
 	l2->st.objects = objects;
+	l2->st.evictions += evicted;
 	pthread_mutex_unlock(&l2->mu);
 	return 0;
 abort:
@@ -362,7 +363,8 @@ static void *writer_main(void *arg)
 		    l2->cfg.batch_ms) {
 			struct timespec ts;
 			clock_gettime(CLOCK_REALTIME, &ts);
-			ts.tv_nsec += (long)l2->cfg.batch_ms * 1000000L;
+			ts.tv_sec += l2->cfg.batch_ms / 1000; /* tv_nsec must stay below 1 s */
+			ts.tv_nsec += (long)(l2->cfg.batch_ms % 1000) * 1000000L;
 			if (ts.tv_nsec >= 1000000000L) {
 				ts.tv_sec++;
 				ts.tv_nsec -= 1000000000L;
@@ -393,6 +395,9 @@ static void *writer_main(void *arg)
 			l2->st.map_full_retries++;
 			pthread_mutex_unlock(&l2->mu);
 			write_batch(l2, NULL, 0, NULL, 0, NULL, 0, l2->cfg.size / 2);
+			/* LMDB hands out the pages a commit freed only from the
+			 * second commit after it: one empty commit in between */
+			write_batch(l2, NULL, 0, NULL, 0, NULL, 0, UINT64_MAX);
 			rc = write_batch(l2, batch, nb, touches, nt, drops, nd, UINT64_MAX);
 		}
 		if (rc)

@@ -162,8 +162,8 @@ static void finish(kvs_client *c, req *r, const kvs_msg *rep, int code)
 	if (r->internal) {
 		r->internal(c, r, rep, code);
 	} else if (r->done) {
-		kvs_job_info_out jobs[64];
-		kvs_stat_out stats[KVS_MAX_COUNTERS];
+		static _Thread_local kvs_job_info_out jobs[KVS_MAX_JOBS_QUERY];
+		static _Thread_local kvs_stat_out stats[KVS_MAX_COUNTERS];
 		kvs_result res = {.code = code, .msg = ""};
 		char msgbuf[KVS_MAX_ERRMSG + 1];
 		if (rep && !rep->ok) {
@@ -178,7 +178,7 @@ static void finish(kvs_client *c, req *r, const kvs_msg *rep, int code)
 			res.hits = rep->hits;
 			res.tiers = rep->tiers;
 			res.state = rep->state;
-			uint32_t n = rep->n_job_infos < 64 ? rep->n_job_infos : 64;
+			uint32_t n = rep->n_job_infos < KVS_MAX_JOBS_QUERY ? rep->n_job_infos : KVS_MAX_JOBS_QUERY;
 			for (uint32_t i = 0; i < n; i++) {
 				jobs[i].job = rep->job_infos[i].job;
 				jobs[i].state = rep->job_infos[i].state;
