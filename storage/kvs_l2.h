@@ -71,7 +71,7 @@ enum kvs_l2_op { KVS_L2_WRITE = 1, KVS_L2_READ = 2, KVS_L2_META = 3 };
 
 typedef struct kvs_l2_done {
 	int op;       /* enum kvs_l2_op */
-	int result;   /* 0; write: KVS_E_NOSPACE (dropped) or an LMDB error; read: KVS_E_MISS (absent, checksum or header mismatch: the object was dropped) */
+	int result;   /* 0; write: KVS_E_NOSPACE (dropped from the queue, or its group commit failed); read: KVS_E_MISS (absent, checksum or header mismatch: the object was dropped) */
 	void *cookie; /* as given */
 } kvs_l2_done;
 
@@ -108,7 +108,7 @@ typedef struct kvs_l2_stats {
 } kvs_l2_stats;
 void kvs_l2_get_stats(kvs_l2 *l2, kvs_l2_stats *st);
 
-/* Test hook: the data file path (for corruption tests). */
+/* The environment directory (data.mdb lives inside). */
 const char *kvs_l2_path(const kvs_l2 *l2);
 
 #endif
