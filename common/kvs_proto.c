@@ -756,7 +756,18 @@ int kvs_proto_decode(const void *buf, size_t len, bool is_reply, kvs_msg *msg, k
 		goto out_err;
 	}
 	msg->op = err->op;
-	if (msg->op == KVS_OP_NONE || (!is_reply && msg->op == KVS_OP_JOB_DONE)) {
+	if (is_reply && msg->op == KVS_OP_NONE) {
+		/* an error reply to a request whose op was unreadable carries
+		 * op "unknown": accept it so the client can match it by id */
+		const msgpack_object *o_ok = map_find(&root, "ok", &dups);
+		if (o_ok && o_ok->type == MSGPACK_OBJECT_BOOLEAN && !o_ok->via.boolean &&
+		    str_eq(&o_op->via.str, "unknown"))
+			msg->op = KVS_OP_NONE, err->op = KVS_OP_NONE;
+		else
+			goto unknown_op;
+	} else if (msg->op == KVS_OP_NONE || (!is_reply && msg->op == KVS_OP_JOB_DONE)) {
+	unknown_op:
+		err->op = KVS_OP_NONE; /* never answer with op "job_done": it reads as a push */
 		r = fail(err, KVS_E_UNKNOWN_OP, "unknown op '%.*s'", (int)(o_op->via.str.size > 32 ? 32 : o_op->via.str.size),
 			 o_op->via.str.ptr);
 		msg->op = KVS_OP_NONE;
@@ -797,6 +808,10 @@ int kvs_proto_decode(const void *buf, size_t len, bool is_reply, kvs_msg *msg, k
 				msg->errmsg = (kvs_str){o_msg->via.str.ptr, o_msg->via.str.size};
 			return 0;
 		}
+	}
+	if (msg->op == KVS_OP_NONE) {
+		r = BAD("op: unknown op in a successful reply");
+		goto out_clear;
 	}
 	const spec *sp = is_reply ? &ops[msg->op].rp : &ops[msg->op].rq;
 	r = decode_map(sp, &root, (char *)msg, z, &msg->present_, "", err);
@@ -993,9 +1008,11 @@ static int encode_map(msgpack_packer *pk, const spec *sp, const char *base)
 
 int kvs_proto_encode(const kvs_msg *msg, void **ret_buf, size_t *ret_len)
 {
-	if (msg->op <= KVS_OP_NONE || msg->op >= KVS_OP_COUNT_)
+	bool anon_err = msg->is_reply && !msg->ok && msg->op == KVS_OP_NONE;
+	if ((msg->op <= KVS_OP_NONE && !anon_err) || msg->op >= KVS_OP_COUNT_)
 		return -EINVAL;
 	const spec *sp = msg->is_reply ? &ops[msg->op].rp : &ops[msg->op].rq;
+	const char *opname = anon_err ? "unknown" : ops[msg->op].name;
 	msgpack_sbuffer sb;
 	msgpack_packer pk;
 	msgpack_sbuffer_init(&sb);
@@ -1007,7 +1024,7 @@ int kvs_proto_encode(const kvs_msg *msg, void **ret_buf, size_t *ret_len)
 		n += count_fields(sp, (const char *)msg);
 	int r = msgpack_pack_map(&pk, n);
 	r |= pack_str(&pk, "v", 1) | msgpack_pack_uint64(&pk, KVS_PROTO_VERSION);
-	r |= pack_str(&pk, "op", 2) | pack_str(&pk, ops[msg->op].name, strlen(ops[msg->op].name));
+	r |= pack_str(&pk, "op", 2) | pack_str(&pk, opname, strlen(opname));
 	r |= pack_str(&pk, "id", 2) | msgpack_pack_uint64(&pk, msg->id);
 	if (msg->is_reply) {
 		r |= pack_str(&pk, "ok", 2) | (msg->ok ? msgpack_pack_true(&pk) : msgpack_pack_false(&pk));

@@ -102,7 +102,7 @@ static void vreply_err(kvs_server *srv, const void *ident, size_t ident_len, kvs
 	if (!kvs_error_is_project(code))
 		code = KVS_E_INTERNAL;
 	srv->st.errors[code - KVS_E_BASE]++;
-	kvs_msg e = {.op = op == KVS_OP_NONE ? KVS_OP_HELLO : op, .id = id, .ok = false, .code = code,
+	kvs_msg e = {.op = op, .id = id, .ok = false, .code = code,
 		     .errmsg = kvs_str_c(text)};
 	kvs_dbg("reply %s id=%llu %s: %s", kvs_op_name(op), (unsigned long long)id,
 		kvs_error_name(code), text);
@@ -229,9 +229,23 @@ static void router_ready(kvs_server *srv)
 		}
 		const uint8_t *id = zmq_msg_data(&ident);
 		size_t idlen = zmq_msg_size(&ident);
-		if (nframes != 2)
-			kvs__reply_err(srv, id, idlen, KVS_OP_NONE, 0, KVS_E_BADMSG,
+		if (nframes != 2) {
+			/* still name the request in the reply, if its first frame says */
+			kvs_msg tmp;
+			kvs_proto_err perr;
+			uint64_t rid = 0;
+			kvs_op rop = KVS_OP_NONE;
+			if (nframes > 2) {
+				if (kvs_proto_decode(zmq_msg_data(&body), zmq_msg_size(&body), false, &tmp, &perr) == 0) {
+					rid = tmp.id, rop = tmp.op;
+					kvs_msg_clear(&tmp);
+				} else {
+					rid = perr.id, rop = perr.op;
+				}
+			}
+			kvs__reply_err(srv, id, idlen, rop, rid, KVS_E_BADMSG,
 				       "expected exactly one frame per message, got %d", nframes - 1);
+		}
 		else
 			dispatch(srv, id, idlen, zmq_msg_data(&body), zmq_msg_size(&body));
 		zmq_msg_close(&body);

@@ -454,11 +454,11 @@ class Test:
 
         # extra frames
         h.sock.send_multipart([pack(hello_req(95)), b"second frame"])
-        self.check_err(h.recv(), B, "two frames", rid=0, msg_has="frame")
+        self.check_err(h.recv(), B, "two frames", rid=95, msg_has="frame")
         self.cases.append("two frames")
         self.good_check("two frames")
         h.sock.send_multipart([pack(hello_req(96)), b"", b"", b""])
-        self.check_err(h.recv(), B, "four frames", rid=0, msg_has="frame")
+        self.check_err(h.recv(), B, "four frames", rid=96, msg_has="frame")
         self.cases.append("four frames")
         self.good_check("four frames")
 
