@@ -429,43 +429,53 @@ static int cmp_u64(const void *a, const void *b)
 static int check_blocks(kvs_server *srv, const kvs_reg *g, const kvs_msg *rq)
 {
 	uint64_t *tmp = NULL;
+	int r = 0;
 	if (rq->blocks.n != g->n_groups)
 		return kvs__fail(srv, KVS_E_GEOMETRY, "blocks: %u lists for %u groups", rq->blocks.n, g->n_groups);
 	for (uint32_t gi = 0; gi < g->n_groups; gi++) {
 		const kvs_reg_group *G = &g->groups[gi];
 		uint64_t want = (uint64_t)rq->n_keys * G->desc.blocks_per_chunk;
-		if (rq->blocks.len[gi] != want)
-			return kvs__fail(srv, KVS_E_GEOMETRY, "blocks[%u]: %u ids, expected %llu (%u keys x %u blocks per chunk)",
-					 gi, rq->blocks.len[gi], (unsigned long long)want, rq->n_keys,
-					 G->desc.blocks_per_chunk);
+		if (rq->blocks.len[gi] != want) {
+			r = kvs__fail(srv, KVS_E_GEOMETRY, "blocks[%u]: %u ids, expected %llu (%u keys x %u blocks per chunk)",
+				      gi, rq->blocks.len[gi], (unsigned long long)want, rq->n_keys,
+				      G->desc.blocks_per_chunk);
+			goto out;
+		}
 		for (uint32_t i = 0; i < rq->blocks.len[gi]; i++) {
 			int64_t id = rq->blocks.ids[gi][i];
 			if (id == G->desc.null_block)
 				continue;
-			if (id < 0 || (uint64_t)id >= G->num_blocks)
-				return kvs__fail(srv, KVS_E_RANGE, "blocks[%u][%u]: block id %lld outside 0..%llu", gi, i,
-						 (long long)id, (unsigned long long)G->num_blocks - 1);
+			if (id < 0 || (uint64_t)id >= G->num_blocks) {
+				r = kvs__fail(srv, KVS_E_RANGE, "blocks[%u][%u]: block id %lld outside 0..%llu", gi, i,
+					      (long long)id, (unsigned long long)G->num_blocks - 1);
+				goto out;
+			}
 		}
 		/* a retrieve writing one block twice would race its own copies */
 		if (rq->op == KVS_OP_RETRIEVE && rq->blocks.len[gi] > 1) {
 			uint32_t n = 0;
-			tmp = realloc(tmp, rq->blocks.len[gi] * sizeof(*tmp));
-			if (!tmp)
-				return kvs__fail(srv, KVS_E_INTERNAL, "out of memory");
+			uint64_t *nt = realloc(tmp, rq->blocks.len[gi] * sizeof(*tmp));
+			if (!nt) {
+				r = kvs__fail(srv, KVS_E_INTERNAL, "out of memory");
+				goto out;
+			}
+			tmp = nt;
 			for (uint32_t i = 0; i < rq->blocks.len[gi]; i++)
 				if (rq->blocks.ids[gi][i] != G->desc.null_block)
 					tmp[n++] = (uint64_t)rq->blocks.ids[gi][i];
 			qsort(tmp, n, sizeof(*tmp), cmp_u64);
 			for (uint32_t i = 1; i < n; i++)
 				if (tmp[i] == tmp[i - 1]) {
-					free(tmp);
-					return kvs__fail(srv, KVS_E_GEOMETRY, "blocks[%u]: destination block %llu named twice",
-							 gi, (unsigned long long)tmp[i]);
+					r = kvs__fail(srv, KVS_E_GEOMETRY, "blocks[%u]: destination block %llu named twice",
+						      gi, (unsigned long long)tmp[i]);
+					goto out;
 				}
 		}
 	}
+out:
+	/* every exit after the first group frees the scratch list */
 	free(tmp);
-	return 0;
+	return r;
 }
 
 static bool is_null(const kvs_reg_group *G, int64_t id) { return id == G->desc.null_block; }

@@ -40,6 +40,7 @@ void kvs_server_config_defaults(kvs_server_config *cfg)
 	cfg->log_level = KVS_LOG_INFO;
 	cfg->allow_uid = -1;
 	cfg->l2_size = 16ull << 30;
+	cfg->l1_prefault = true;
 	cfg->l2_sync = 0; /* KVS_L2_SYNC_FULL */
 }
 
@@ -386,6 +387,7 @@ int kvs_server_run(kvs_server *srv, int sigfd)
 		srv->now_ms = kvs_now_ms();
 		long timeout = next_tick > srv->now_ms ? (long)(next_tick - srv->now_ms) : 0;
 		int pr = zmq_poll(items, n, timeout);
+		uint64_t busy0 = kvs_now_ns();
 		if (pr < 0 && errno != EINTR) {
 			kvs_err("poll failed: %s", zmq_strerror(errno));
 			return -errno;
@@ -418,6 +420,7 @@ int kvs_server_run(kvs_server *srv, int sigfd)
 			tick(srv);
 			next_tick = srv->now_ms + KVS_TICK_MS;
 		}
+		srv->busy_ns += kvs_now_ns() - busy0;
 	}
 	return 0;
 }

@@ -31,6 +31,7 @@ static void usage(FILE *f, const kvs_server_config *d)
 		"  --drain-ms MS            unregister waits this long for leases (default %llu)\n"
 		"  --copy-threads N         host copy threads (default %u)\n"
 		"  --terminal-jobs N        terminal job ids remembered to answer repeats (default 65536)\n"
+		"  --no-prefault            do not fault the L1 arena in at start-up\n"
 		"  --allow-uid UID          also accept broker peers with this UID\n"
 		"  --l2-path DIR            LMDB directory of the persistent L2 tier (default: none)\n"
 		"  --l2-size BYTES          L2 capacity (LMDB map size), suffixes K M G (default %llu GiB)\n"
@@ -78,7 +79,7 @@ int main(int argc, char **argv)
 	kvs_server_config cfg;
 	kvs_server_config_defaults(&cfg);
 	enum { O_LISTEN = 1, O_BROKER, O_L1, O_TTL, O_HB, O_DEADLINE, O_PARK, O_DRAIN, O_THREADS,
-	       O_UID, O_LOG, O_HELP, O_VERSION, O_L2PATH, O_L2SIZE, O_L2SYNC, O_TERMINAL };
+	       O_UID, O_LOG, O_HELP, O_VERSION, O_L2PATH, O_L2SIZE, O_L2SYNC, O_TERMINAL, O_NOPREFAULT };
 	static const struct option opts[] = {
 		{"listen", required_argument, NULL, O_LISTEN},
 		{"broker-dir", required_argument, NULL, O_BROKER},
@@ -97,12 +98,13 @@ int main(int argc, char **argv)
 		{"l2-size", required_argument, NULL, O_L2SIZE},
 		{"l2-sync", required_argument, NULL, O_L2SYNC},
 		{"terminal-jobs", required_argument, NULL, O_TERMINAL},
+		{"no-prefault", no_argument, NULL, O_NOPREFAULT},
 		{NULL, 0, NULL, 0},
 	};
 	int c;
 	uint64_t v;
 	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-		const char *name = c > 0 && c <= O_TERMINAL ? opts[c - 1].name : "?";
+		const char *name = c > 0 && c <= O_NOPREFAULT ? opts[c - 1].name : "?";
 		switch (c) {
 		case O_LISTEN:
 			if (strlen(optarg) >= sizeof(cfg.listen))
@@ -137,6 +139,9 @@ int main(int argc, char **argv)
 		case O_LOG:
 			if ((cfg.log_level = kvs_log_level_parse(optarg)) < 0)
 				goto bad;
+			break;
+		case O_NOPREFAULT:
+			cfg.l1_prefault = false;
 			break;
 		case O_TERMINAL:
 			if (parse_u64(optarg, &v, false) || v == 0 || v > (1u << 24))

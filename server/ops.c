@@ -1,8 +1,11 @@
 /* Glue between the main loop and the data-path modules (registry, jobs, L1,
  * host copy pool), and the `stats` op. */
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #define KVS_LOG_COMPONENT "ops"
 #include "copy_host.h"
@@ -12,6 +15,24 @@
 #include "kvs_log.h"
 #include "ops.h"
 #include "registry.h"
+
+/* Faults the L1 arena in, slice by slice, off the main loop: fresh arena
+ * pages would otherwise be faulted (and zeroed) by the copy threads on the
+ * first store into them. Stops early at shutdown. */
+static void *prefault_main(void *arg)
+{
+	kvs_server *srv = arg;
+	uint64_t size;
+	uint8_t *base = kvs_l1_arena(srv->l1, &size);
+	const uint64_t slice = 64ull << 20;
+	for (uint64_t off = 0; off < size && !atomic_load(&srv->prefault_stop); off += slice) {
+		uint64_t n = size - off < slice ? size - off : slice;
+		if (madvise(base + off, n, MADV_POPULATE_WRITE) != 0)
+			break; /* kernel without it: pages fault in on first use */
+		atomic_fetch_add(&srv->prefaulted, n);
+	}
+	return NULL;
+}
 
 int kvs__ops_init(kvs_server *srv)
 {
@@ -40,6 +61,8 @@ int kvs__ops_init(kvs_server *srv)
 		goto err_l2;
 	kvs_info("host copy engine: %u threads; CUDA engine: not built in this version",
 		 srv->cfg.copy_threads);
+	if (srv->cfg.l1_prefault && pthread_create(&srv->prefault, NULL, prefault_main, srv) == 0)
+		srv->prefault_started = true;
 	return 0;
 err_l2:
 	kvs_l2_close(srv->l2);
@@ -58,6 +81,11 @@ err_l1:
 
 void kvs__ops_fini(kvs_server *srv)
 {
+	if (srv->prefault_started) {
+		atomic_store(&srv->prefault_stop, true);
+		pthread_join(srv->prefault, NULL);
+		srv->prefault_started = false;
+	}
 	if (srv->jobs)
 		kvs_jobs_destroy(srv, srv->jobs); /* waits for running copies */
 	srv->jobs = NULL;
@@ -137,6 +165,8 @@ int kvs__op_stats(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
 	C("l1_evicted_bytes", l1.evicted_bytes);
 	C("l1_nospace", l1.nospace);
 	C("l1_meta_bytes", l1.meta_bytes);
+	C("l1_prefaulted_bytes", atomic_load(&srv->prefaulted));
+	C("loop_busy_us", srv->busy_ns / 1000);
 	kvs_l2_stats l2 = {0};
 	if (srv->l2)
 		kvs_l2_get_stats(srv->l2, &l2);

@@ -7,6 +7,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <sys/types.h>
 
 #include "kvs_error.h"
@@ -35,6 +37,7 @@ typedef struct kvs_server_config {
 	char l2_path[256];      /* LMDB environment directory; "" = no L2 tier */
 	uint64_t l2_size;       /* LMDB map size */
 	int l2_sync;            /* enum kvs_l2_sync */
+	bool l1_prefault;       /* fault the arena in at start (background) */
 } kvs_server_config;
 
 void kvs_server_config_defaults(kvs_server_config *cfg);
@@ -124,6 +127,11 @@ struct kvs_server {
 
 	kvs_stats st;
 	uint64_t now_ms; /* refreshed once per loop iteration */
+	pthread_t prefault; /* faults the L1 arena in at start-up */
+	bool prefault_started;
+	atomic_bool prefault_stop;
+	atomic_uint_fast64_t prefaulted; /* bytes of the arena faulted in so far */
+	uint64_t busy_ns; /* main-loop time spent handling events (not waiting) */
 	char errbuf[256]; /* text of the error a handler is returning */
 };
 

@@ -300,6 +300,7 @@ static int write_batch(kvs_l2 *l2, l2_item *batch, uint32_t nb, const kvs_objkey
 		memcpy(h.ns, it->key.ns, 16);
 		/* copy in slices and hash what was just copied, while it is in cache */
 		uint8_t *dst = (uint8_t *)v.mv_data + HDR_BYTES;
+
 		const uint8_t *src = it->src;
 		XXH3_state_t *xs = XXH3_createState();
 		if (!xs) {
@@ -550,7 +551,9 @@ int kvs_l2_open(const kvs_l2_config *cfg, kvs_l2 **ret)
 	mdb_env_set_maxreaders(l2->env, 64);
 	if ((rc = mdb_env_set_mapsize(l2->env, cfg->size)) != 0)
 		goto err_env;
-	unsigned flags = MDB_NOTLS | MDB_NORDAHEAD;
+	/* WRITEMAP: MDB_RESERVE hands out space straight in the map, so an
+	 * object is copied once, from L1 into the page cache */
+	unsigned flags = MDB_NOTLS | MDB_NORDAHEAD | MDB_WRITEMAP;
 	if (cfg->sync == KVS_L2_SYNC_NOMETA)
 		flags |= MDB_NOMETASYNC;
 	else if (cfg->sync == KVS_L2_SYNC_NONE)

@@ -1,0 +1,293 @@
+/* kvside-bench: drives a real kvside-server through libkvside with real rank
+ * processes and reports each figure next to a baseline measured in the same
+ * run. Usage: kvside-bench MODE... [options]; see usage(). */
+#include "bench.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <signal.h>
+#include <sodium.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+typedef struct res {
+	char name[96];
+	double value, baseline;
+	char unit[16], target[48];
+} res;
+
+static res results[256];
+static int n_results;
+static char notes[32][256];
+static int n_notes;
+
+double kvb_now(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+void kvb_result(const char *name, double value, const char *unit, double baseline, const char *target)
+{
+	if (n_results >= 256)
+		return;
+	res *r = &results[n_results++];
+	snprintf(r->name, sizeof(r->name), "%s", name);
+	snprintf(r->unit, sizeof(r->unit), "%s", unit);
+	snprintf(r->target, sizeof(r->target), "%s", target ? target : "");
+	r->value = value;
+	r->baseline = baseline;
+	fprintf(stderr, "  %-52s %12.3f %s\n", name, value, unit);
+}
+
+void kvb_note(const char *fmt, ...)
+{
+	if (n_notes >= 32)
+		return;
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(notes[n_notes++], sizeof(notes[0]), fmt, ap);
+	va_end(ap);
+	fprintf(stderr, "  note: %s\n", notes[n_notes - 1]);
+}
+
+void kvb_print(const kvb_opts *o)
+{
+	if (o->json) {
+		printf("[\n");
+		for (int i = 0; i < n_results; i++) {
+			res *r = &results[i];
+			printf("  {\"name\": \"%s\", \"value\": %.6g, \"unit\": \"%s\", ", r->name, r->value, r->unit);
+			if (r->baseline > 0)
+				printf("\"baseline\": %.6g, \"ratio\": %.4f, ", r->baseline, r->value / r->baseline);
+			else
+				printf("\"baseline\": null, \"ratio\": null, ");
+			printf("\"target\": %s%s%s}%s\n", r->target[0] ? "\"" : "", r->target[0] ? r->target : "null",
+			       r->target[0] ? "\"" : "", i + 1 < n_results ? "," : "");
+		}
+		printf("]\n");
+		return;
+	}
+	printf("| result | value | baseline (same run) | ratio | target |\n|---|---:|---:|---:|---|\n");
+	for (int i = 0; i < n_results; i++) {
+		res *r = &results[i];
+		char b[48] = "-", ra[24] = "-";
+		if (r->baseline > 0) {
+			snprintf(b, sizeof(b), "%.3f %s", r->baseline, r->unit);
+			snprintf(ra, sizeof(ra), "%.2f", r->value / r->baseline);
+		}
+		printf("| %s | %.3f %s | %s | %s | %s |\n", r->name, r->value, r->unit, b, ra,
+		       r->target[0] ? r->target : "-");
+	}
+	for (int i = 0; i < n_notes; i++)
+		printf("\n- %s", notes[i]);
+	if (n_notes)
+		printf("\n");
+}
+
+double kvb_pct(double *v, uint32_t n, double p)
+{
+	if (!n)
+		return 0;
+	for (uint32_t i = 1; i < n; i++) /* small n: insertion sort */
+		for (uint32_t j = i; j > 0 && v[j - 1] > v[j]; j--) {
+			double t = v[j];
+			v[j] = v[j - 1];
+			v[j - 1] = t;
+		}
+	uint32_t k = (uint32_t)ceil(p * n) - 1;
+	return v[k < n ? k : n - 1];
+}
+
+void kvb_key(uint64_t a, uint64_t b, uint8_t out[32])
+{
+	uint64_t in[2] = {a, b};
+	crypto_generichash(out, 32, (const uint8_t *)in, sizeof(in), NULL, 0);
+}
+
+int kvb_server_start_v(const kvb_opts *o, kvb_server *s, char *const *extra)
+{
+	memset(s, 0, sizeof(*s));
+	snprintf(s->dir, sizeof(s->dir), "%s/srv-XXXXXX", o->dir);
+	if (!mkdtemp(s->dir))
+		return -1;
+	snprintf(s->run, sizeof(s->run), "%s/run", s->dir);
+	pid_t pid = fork();
+	if (pid == 0) {
+		char *argv[40];
+		int n = 0;
+		argv[n++] = (char *)o->server;
+		argv[n++] = "--broker-dir";
+		argv[n++] = s->run;
+		argv[n++] = "--log-level";
+		argv[n++] = "error";
+		for (int i = 0; extra && extra[i] && n < 38; i++)
+			argv[n++] = extra[i];
+		argv[n] = NULL;
+		execv(o->server, argv);
+		_exit(127);
+	}
+	s->pid = pid;
+	for (int i = 0; i < 500; i++) {
+		char p[400];
+		snprintf(p, sizeof(p), "%s/kvside.zmq", s->run);
+		if (access(p, F_OK) == 0) {
+			kvs_client *c = kvb_client(s, "probe", KVS_ROLE_SCHEDULER, 0, 1);
+			if (c) {
+				/* measure a warm server: let the L1 arena fault in first */
+				for (int k = 0; k < 3000; k++) {
+					uint64_t cap = kvb_stat(c, "l1_capacity"), pf = kvb_stat(c, "l1_prefaulted_bytes");
+					if (pf >= cap || pf == UINT64_MAX)
+						break;
+					usleep(10000);
+				}
+				kvs_client_close(c);
+				return 0;
+			}
+		}
+		if (waitpid(pid, NULL, WNOHANG) == pid)
+			return -1;
+		usleep(10000);
+	}
+	return -1;
+}
+
+int kvb_server_start(const kvb_opts *o, kvb_server *s, ...)
+{
+	char *extra[32];
+	int n = 0;
+	va_list ap;
+	va_start(ap, s);
+	char *a;
+	while ((a = va_arg(ap, char *)) != NULL && n < 31)
+		extra[n++] = a;
+	va_end(ap);
+	extra[n] = NULL;
+	return kvb_server_start_v(o, s, extra);
+}
+
+void kvb_server_stop(kvb_server *s, bool hard)
+{
+	if (s->pid <= 0)
+		return;
+	kill(s->pid, hard ? SIGKILL : SIGTERM);
+	waitpid(s->pid, NULL, 0);
+	s->pid = 0;
+}
+
+long kvb_server_rss_kib(const kvb_server *s)
+{
+	char p[64], line[256];
+	snprintf(p, sizeof(p), "/proc/%d/status", (int)s->pid);
+	FILE *f = fopen(p, "r");
+	long kib = -1;
+	while (f && fgets(line, sizeof(line), f))
+		if (sscanf(line, "VmRSS: %ld kB", &kib) == 1)
+			break;
+	if (f)
+		fclose(f);
+	return kib;
+}
+
+kvs_client *kvb_client(const kvb_server *s, const char *engine, int role, uint32_t rank, uint32_t world)
+{
+	kvs_client_config cfg = {.broker_dir = s->run, .engine = engine, .ns = "bench-model", .role = role,
+				 .rank = rank, .world = world, .timeout_ms = 30000};
+	kvs_client *c = NULL;
+	return kvs_client_open(&cfg, &c) == 0 ? c : NULL;
+}
+
+uint64_t kvb_stat(kvs_client *c, const char *name)
+{
+	kvs_stat_out st[256];
+	uint32_t n = 0;
+	if (kvs_stats(c, 10000, st, 256, &n) != 0)
+		return UINT64_MAX;
+	return kvs_stat_find(st, n, name);
+}
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"Usage: kvside-bench MODE... [options]\n"
+		"Modes: copy control l2 trace restart memory all\n"
+		"  --server PATH     kvside-server binary (default: $KVS_SERVER or build/server/kvside-server)\n"
+		"  --trace FILE      Mooncake-format trace (default ../shared/data/synthetic_trace.jsonl)\n"
+		"  --trace-requests N  replay only the first N requests\n"
+		"  --expect-bound    trace: exit 1 unless the hit ratio equals the infinite-cache bound\n"
+		"  --dir DIR         work directory on the disk to measure (default /tmp)\n"
+		"  --ranks N         rank processes (default 4)\n"
+		"  --l1-size BYTES   --l2-size BYTES\n"
+		"  --quick           smoke sizes (seconds)\n"
+		"  --json            one JSON object per result\n");
+}
+
+int main(int argc, char **argv)
+{
+	kvb_opts o = {.ranks = 4, .dir = "/tmp", .l1_size = 0, .l2_size = 0};
+	o.server = getenv("KVS_SERVER") ? getenv("KVS_SERVER") : "build/server/kvside-server";
+	o.trace = "../shared/data/synthetic_trace.jsonl";
+	static const struct option lo[] = {
+		{"server", 1, NULL, 's'}, {"trace", 1, NULL, 't'}, {"dir", 1, NULL, 'd'},
+		{"ranks", 1, NULL, 'r'}, {"quick", 0, NULL, 'q'}, {"json", 0, NULL, 'j'},
+		{"l1-size", 1, NULL, '1'}, {"l2-size", 1, NULL, '2'}, {"trace-requests", 1, NULL, 'n'},
+		{"expect-bound", 0, NULL, 'b'}, {"help", 0, NULL, 'h'}, {NULL, 0, NULL, 0}};
+	int c;
+	while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
+		switch (c) {
+		case 's': o.server = optarg; break;
+		case 't': o.trace = optarg; break;
+		case 'd': o.dir = optarg; break;
+		case 'r': o.ranks = (uint32_t)atoi(optarg); break;
+		case 'q': o.quick = true; break;
+		case 'j': o.json = true; break;
+		case '1': o.l1_size = strtoull(optarg, NULL, 10); break;
+		case '2': o.l2_size = strtoull(optarg, NULL, 10); break;
+		case 'n': o.trace_requests = (uint32_t)atoi(optarg); break;
+		case 'b': o.expect_bound = true; break;
+		case 'h': usage(stdout); return 0;
+		default: usage(stderr); return 2;
+		}
+	}
+	if (optind >= argc || o.ranks < 1 || o.ranks > 64) {
+		usage(stderr);
+		return 2;
+	}
+	if (sodium_init() < 0)
+		return 1;
+	signal(SIGPIPE, SIG_IGN);
+	int rc = 0;
+	for (int i = optind; i < argc; i++) {
+		const char *m = argv[i];
+		bool all = strcmp(m, "all") == 0;
+		int r = 0;
+		fprintf(stderr, "== %s\n", m);
+		if (all || strcmp(m, "copy") == 0)
+			r |= kvb_mode_copy(&o);
+		if (all || strcmp(m, "control") == 0)
+			r |= kvb_mode_control(&o);
+		if (all || strcmp(m, "l2") == 0)
+			r |= kvb_mode_l2(&o);
+		if (all || strcmp(m, "trace") == 0)
+			r |= kvb_mode_trace(&o);
+		if (all || strcmp(m, "restart") == 0)
+			r |= kvb_mode_restart(&o);
+		if (all || strcmp(m, "memory") == 0)
+			r |= kvb_mode_memory(&o);
+		if (!all && !strstr(" copy control l2 trace restart memory ", m)) {
+			fprintf(stderr, "unknown mode %s\n", m);
+			return 2;
+		}
+		rc |= r;
+	}
+	kvb_print(&o);
+	return rc ? 1 : 0;
+}
