@@ -102,6 +102,7 @@ struct kvs_jobs {
 	uint32_t cap, head, count;
 	uint64_t retained; /* sum of part->retained over open jobs */
 	kvs_htab *promos;  /* kvs_promo by object key */
+	uint32_t stage_nonce; /* pads of private staging copies (never 0) */
 	kvs_lpin *lpins;   /* lookup pins (pin_ms) */
 	uint32_t n_lpins, cap_lpins;
 	kvs_jobs_stats st;
@@ -263,12 +264,39 @@ static void push_job_done(kvs_server *srv, kvs_job *job, uint8_t state)
 			kvs__reply(srv, s->ident, s->ident_len, &m);
 }
 
+/* Before a store commits its object: a private staging copy takes the
+ * public key, unless a committed object already has it (returns false: drop
+ * ours). A reservation still holding the public key (a store in flight)
+ * becomes the staging copy instead, and meets the same rule at its commit. */
+static bool publish(kvs_server *srv, kvs_l1_obj *o)
+{
+	const kvs_objkey *k = kvs_l1_key(o);
+	if (k->pad == 0)
+		return true;
+	kvs_objkey pub = *k;
+	pub.pad = 0;
+	kvs_l1_obj *cur = kvs_l1_peek(srv->l1, &pub);
+	if (cur && kvs_l1_state(cur) == KVS_L1_COMMITTED)
+		return false;
+	if (cur) {
+		kvs_objkey stage = pub;
+		if (++srv->jobs->stage_nonce == 0)
+			srv->jobs->stage_nonce = 1;
+		stage.pad = srv->jobs->stage_nonce;
+		kvs_l1_rekey(srv->l1, cur, &stage);
+	}
+	kvs_l1_rekey(srv->l1, o, &pub);
+	return true;
+}
+
 static void part_release(kvs_server *srv, kvs_part *p, bool commit)
 {
 	kvs_jobs *J = srv->jobs;
 	for (uint32_t i = 0; i < p->n_objs; i++) {
 		if (p->job->kind == KVS_OP_STORE) {
-			if (commit) {
+			if (commit && !publish(srv, p->objs[i])) {
+				kvs_l1_abort(srv->l1, p->objs[i]); /* someone committed it first */
+			} else if (commit) {
 				kvs_l1_commit(srv->l1, p->objs[i]);
 				if (srv->l2) {
 					/* written behind; pinned until the writer has copied it */
@@ -533,9 +561,18 @@ static int plan_store(kvs_server *srv, kvs_session *s, const kvs_reg *g, const k
 			obj_key(&key, ns, s->world, s->rank, G->desc.id, rq->keys + (size_t)k * KVS_KEY_BYTES);
 			kvs_l1_obj *o;
 			int r = kvs_l1_reserve(srv->l1, &key, G->obj_bytes, &o);
-			if (r == -EEXIST || r == -EBUSY) {
+			if (r == -EEXIST) {
 				srv->jobs->st.store_skipped++;
-				continue; /* already cached, or being stored by another job */
+				continue; /* already cached */
+			}
+			if (r == -EBUSY) {
+				/* another job is storing it: keep a private staging copy so
+				 * this job commits on its own whatever that one does */
+				if (++srv->jobs->stage_nonce == 0)
+					srv->jobs->stage_nonce = 1;
+				key.pad = srv->jobs->stage_nonce;
+				r = kvs_l1_reserve(srv->l1, &key, G->obj_bytes, &o);
+				srv->jobs->st.store_staged++;
 			}
 			if (r) {
 				free(uniq);

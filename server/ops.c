@@ -143,6 +143,7 @@ int kvs__op_stats(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
 	C("jobs_terminal_remembered", js.terminal_entries);
 	C("store_objects", js.store_objects);
 	C("store_skipped_cached", js.store_skipped);
+	C("store_staged", js.store_staged);
 	C("retrieve_objects", js.retrieve_objects);
 	C("copy_bytes", js.copy_bytes);
 	C("lookups", js.lookups);

@@ -69,9 +69,8 @@ enum { REC_UNUSED = 3 }; /* state of a record on the record free list */
  *   in address order without gap or overlap; aprev mirrors anext;
  * - no two neighbouring extents are both FREE;
  * - a FREE extent is in exactly the size-class bin of its npages;
- * - an object has 1 <= len = npages * PAGE - slack, slack < PAGE; its key has
- *   pad 0 and the object index maps the key to it; a RESERVED object has no
- *   pins;
+ * - an object has 1 <= len = npages * PAGE - slack, slack < PAGE; the
+ *   object index maps its key to it; a RESERVED object has no pins;
  * - an object is on the ring of its chunk (the members sharing the first
  *   KVS_L1_CHUNK_KEY_BYTES of the key); exactly one member is the head, the
  *   one the chunk index maps that prefix to; the head fields are zero in the
@@ -578,7 +577,7 @@ void kvs_l1_destroy(kvs_l1 *l1)
 
 int kvs_l1_reserve(kvs_l1 *l1, const kvs_objkey *key, uint64_t len, kvs_l1_obj **ret)
 {
-	if (len == 0 || key->pad != 0)
+	if (len == 0)
 		return -EINVAL;
 	kvs_l1_obj *old = kvs_htab_get(l1->objs, key);
 	if (old)
@@ -681,6 +680,29 @@ void kvs_l1_abort(kvs_l1 *l1, kvs_l1_obj *o)
 	member_remove(l1, o, true);
 	obj_forget(l1, o);
 	extent_release(l1, ref_of(l1, o));
+}
+
+kvs_l1_obj *kvs_l1_peek(kvs_l1 *l1, const kvs_objkey *key)
+{
+	return kvs_htab_get(l1->objs, key);
+}
+
+int kvs_l1_rekey(kvs_l1 *l1, kvs_l1_obj *o, const kvs_objkey *key)
+{
+	/* only the pad may change: chunk membership (the first
+	 * KVS_L1_CHUNK_KEY_BYTES) and the chunk index stay as they are */
+	if (memcmp(key, &o->key, offsetof(kvs_objkey, pad)) != 0)
+		return -EINVAL;
+	if (key->pad == o->key.pad)
+		return 0;
+	if (kvs_htab_get(l1->objs, key))
+		return -EEXIST;
+	kvs_htab_del(l1->objs, &o->key);
+	o->key.pad = key->pad;
+	int rc = kvs_htab_put(l1->objs, o); /* cannot fail: a slot was just freed */
+	assert(rc == 0);
+	(void)rc;
+	return 0;
 }
 
 kvs_l1_obj *kvs_l1_get(kvs_l1 *l1, const kvs_objkey *key)
@@ -843,7 +865,6 @@ int kvs_l1_check(const kvs_l1 *l1)
 		CHECK(o->state == KVS_L1_RESERVED || o->state == KVS_L1_COMMITTED);
 		CHECK(o->slack < KVS_L1_PAGE);
 		CHECK(obj_len(o) >= 1);
-		CHECK(o->key.pad == 0);
 		CHECK(kvs_htab_get(l1->objs, &o->key) == o);
 		used += obj_len(o);
 		pused += o->npages;

@@ -17,7 +17,9 @@ typedef struct kvs_objkey {
 	uint32_t world;
 	uint32_t rank;
 	uint32_t group;
-	uint32_t pad; /* must be 0 */
+	uint32_t pad; /* 0: the object everyone sees; other values: a private
+	               * staging copy (a store racing another store of the same
+	               * object), made public later with kvs_l1_rekey */
 } kvs_objkey;
 
 _Static_assert(sizeof(kvs_objkey) == 64, "kvs_objkey must be 64 bytes");
@@ -73,11 +75,11 @@ void *kvs_l1_arena(const kvs_l1 *l1, uint64_t *ret_size);
  * finally fails (free space too fragmented) stay made. The object's own chunk
  * may be evicted like any other.
  * Parameters:
- *   key  key->pad must be 0. Copied into the object.
+ *   key  copied into the object (pad 0: the public key).
  *   len  bytes, at least 1.
  *   ret  receives the object; untouched on failure.
  * Returns 0, or:
- *   -EINVAL         len is 0 or key->pad is not 0.
+ *   -EINVAL         len is 0.
  *   -EEXIST         key is already COMMITTED. Nothing was done.
  *   -EBUSY          key is already RESERVED. Nothing was done.
  *   KVS_E_NOSPACE   no room even after evicting everything evictable, or len
@@ -109,6 +111,15 @@ void kvs_l1_commit(kvs_l1 *l1, kvs_l1_obj *o);
 /* Frees a RESERVED object; o is invalid on return. Copy threads must be done
  * with its data. o must be RESERVED. */
 void kvs_l1_abort(kvs_l1 *l1, kvs_l1_obj *o);
+
+/* Returns the object with this key in any state (RESERVED or COMMITTED), or
+ * NULL. The pointer follows the same validity rules as kvs_l1_get's. */
+kvs_l1_obj *kvs_l1_peek(kvs_l1 *l1, const kvs_objkey *key);
+
+/* Changes the pad of o's key (nothing else of the key may differ): 0, or
+ * -EEXIST if an object already has the new key, -EINVAL if more than the pad
+ * differs. Used to swap a private staging copy and a public reservation. */
+int kvs_l1_rekey(kvs_l1 *l1, kvs_l1_obj *o, const kvs_objkey *key);
 
 /* Returns the COMMITTED object with this key, or NULL (absent or only
  * RESERVED). Does not change the LRU order. The pointer is valid until the

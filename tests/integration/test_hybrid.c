@@ -641,6 +641,7 @@ START_TEST(concurrent_stores_at_different_boundaries)
 	world w;
 	world_up(&w);
 	uint64_t objs = ctr(&w, "l1_objects"), skipped = ctr(&w, "store_skipped_cached");
+	uint64_t staged = ctr(&w, "store_staged");
 	for (uint32_t i = 0; i < W; i++)
 		hr_restore(&w.r[i].rg);
 	/* one request, two jobs in flight: A = chunks 0..1 with the state at 1,
@@ -654,11 +655,12 @@ START_TEST(concurrent_stores_at_different_boundaries)
 	complete_all(&w, 71, KVS_JOB_COMMITTED);
 	ck_assert_uint_eq(ctr(&w, "retained_blocks"), (uint64_t)W * (8 + 8 + 3));
 	ck_assert_uint_eq(ctr(&w, "jobs_open"), 1);
-	/* B found chunks 0..1 being stored by A and left them to A: until A
-	 * commits, no prefix is complete */
-	ck_assert_uint_eq(ctr(&w, "store_skipped_cached") - skipped, (uint64_t)W * 2 * 2);
-	ck_assert_uint_eq(lookup(&w, 0, 0, 4), 0);
-	ck_assert_uint_eq(lookup(&w, 0, 0, 2), 0);
+	/* B found chunks 0..1 being stored by A and kept private staging copies
+	 * of them: B's 4-chunk prefix is complete on its own, A's is not yet */
+	ck_assert_uint_eq(ctr(&w, "store_skipped_cached") - skipped, 0);
+	ck_assert_uint_eq(ctr(&w, "store_staged") - staged, (uint64_t)W * 2 * 2);
+	ck_assert_uint_eq(lookup(&w, 0, 0, 4), 4);
+	ck_assert_uint_eq(lookup(&w, 0, 0, 2), 0); /* A's state at chunk 1 not yet */
 	complete_all(&w, 70, KVS_JOB_COMMITTED);
 	assert_idle(&w);
 	ck_assert_uint_eq(ctr(&w, "l1_objects") - objs, (uint64_t)W * ((2 + 2 + 3) + (2 + 2 + 3)));
@@ -673,6 +675,24 @@ START_TEST(concurrent_stores_at_different_boundaries)
 	check_memory(&w, expect_std, &(std_exp){0, 4, 0}, "retrieve 4 (state of B)");
 	assert_idle(&w);
 	ck_assert_uint_eq(ctr(&w, "jobs_committed"), 4);
+	/* independence when one of them aborts: prompt 1, A' reserves first and
+	 * aborts; B' (staged behind A') still commits its whole prefix */
+	all_do(&w, std_store(74, 1, 0, 2, 1u << 1), 0, KVS_JOB_OPEN);
+	all_do(&w, std_store(75, 1, 0, 4, 1u << 3), 0, KVS_JOB_OPEN);
+	for (uint32_t i = 0; i < W; i++)
+		rank_do(&w, i, (hr_cmd){.op = HR_COMPLETE, .job = 74, .ok = 0}, 0, -1);
+	complete_all(&w, 75, KVS_JOB_COMMITTED);
+	ck_assert_uint_eq(lookup(&w, 1, 0, 4), 4);
+	ck_assert_uint_eq(lookup(&w, 1, 0, 2), 0);
+	assert_idle(&w);
+	/* and the other order: B'' commits first, then A'' aborts: B'' stays */
+	all_do(&w, std_store(76, 2, 0, 2, 1u << 1), 0, KVS_JOB_OPEN);
+	all_do(&w, std_store(77, 2, 0, 4, 1u << 3), 0, KVS_JOB_OPEN);
+	complete_all(&w, 77, KVS_JOB_COMMITTED);
+	for (uint32_t i = 0; i < W; i++)
+		rank_do(&w, i, (hr_cmd){.op = HR_COMPLETE, .job = 76, .ok = 0}, 0, -1);
+	ck_assert_uint_eq(lookup(&w, 2, 0, 4), 4);
+	assert_idle(&w);
 	world_down(&w);
 }
 END_TEST

@@ -270,9 +270,21 @@ START_TEST(test_exist_busy_inval)
 	kvs_l1_commit(l1, o);
 	ck_assert_int_eq(kvs_l1_reserve(l1, &k, 100, &x), -EEXIST);
 	ck_assert_ptr_null(x);
-	kvs_objkey bad = ck(4);
-	bad.pad = 1;
-	ck_assert_int_eq(kvs_l1_reserve(l1, &bad, 100, &x), -EINVAL);
+	/* a private staging key (pad != 0) is a distinct object, invisible under
+	 * the public key until rekeyed */
+	kvs_objkey pub = ck(4), priv = ck(4);
+	priv.pad = 7;
+	kvs_l1_obj *pv = NULL;
+	ck_assert_int_eq(kvs_l1_reserve(l1, &priv, 100, &pv), 0);
+	ck_assert_ptr_eq(kvs_l1_peek(l1, &priv), pv);
+	ck_assert_ptr_null(kvs_l1_peek(l1, &pub));
+	kvs_objkey other = ck(5);
+	ck_assert_int_eq(kvs_l1_rekey(l1, pv, &other), -EINVAL);
+	ck_assert_int_eq(kvs_l1_rekey(l1, pv, &pub), 0);
+	ck_assert_ptr_eq(kvs_l1_peek(l1, &pub), pv);
+	ck_assert_ptr_null(kvs_l1_peek(l1, &priv));
+	CHK(l1);
+	kvs_l1_abort(l1, pv);
 	kvs_objkey k5 = ck(5);
 	ck_assert_int_eq(kvs_l1_reserve(l1, &k5, 0, &x), -EINVAL);
 	ck_assert_ptr_null(x);
