@@ -85,7 +85,7 @@ void kvs_l2_config_defaults(kvs_l2_config *cfg)
 	memset(cfg, 0, sizeof(*cfg));
 	cfg->size = 16ull << 30;
 	cfg->sync = KVS_L2_SYNC_FULL;
-	cfg->queue_max = 4096;
+	cfg->queue_max = 65536; /* the byte bound (queue_max_bytes) usually binds first */
 	cfg->queue_max_bytes = 1ull << 30;
 	cfg->batch_max = 256;
 	cfg->batch_bytes = 256ull << 20;

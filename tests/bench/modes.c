@@ -686,15 +686,18 @@ int kvb_mode_trace(const kvb_opts *o)
 
 /* ---- restart and memory --------------------------------------------------------- */
 
-/* Stores n 4 KiB objects through one rank, jobs of up to 4096 keys. */
-static int fill(const kvb_server *s, rank_ctx *r, uint64_t run, uint64_t n)
+/* Stores n 4 KiB objects through one rank, jobs of up to 4096 keys; with
+ * sc given, lets the L2 write queue drain between jobs (no drops). */
+static int fill(kvs_client *sc, rank_ctx *r, uint64_t run, uint64_t n)
 {
 	for (uint64_t done = 0, j = 0; done < n; j++) {
 		uint32_t k = (uint32_t)(n - done < 4096 ? n - done : 4096);
-		int rc = run_job(r, true, 70000 + j, run, done, k, 0, 1);
+		int rc = run_job(r, true, run * 1000000 + j, run, done, k, 0, 1);
 		if (rc)
 			return rc;
 		done += k;
+		for (int w = 0; sc && w < 3000 && kvb_stat(sc, "l2_queue_depth") > 0; w++)
+			usleep(10000);
 	}
 	return 0;
 }
@@ -712,12 +715,14 @@ int kvb_mode_restart(const kvb_opts *o)
 		geo g = {.layers = 1, .bpc = 1, .nb = 4096, .block = 4096};
 		rank_ctx r;
 		kvs_client *sc = kvb_client(&s, "restart", KVS_ROLE_SCHEDULER, 0, 1);
-		if (!sc || rank_setup(&s, "restart", 0, 1, g, &r) || fill(&s, &r, 555 + i, sizes[i])) {
+		if (!sc || rank_setup(&s, "restart", 0, 1, g, &r) || fill(sc, &r, 555 + i, sizes[i])) {
 			rc = 1;
 			break;
 		}
-		while (kvb_stat(sc, "l2_writes_committed") < sizes[i])
+		for (int w = 0; w < 6000 && kvb_stat(sc, "l2_writes_committed") + kvb_stat(sc, "l2_write_drops") < sizes[i]; w++)
 			usleep(10000);
+		if (kvb_stat(sc, "l2_write_drops"))
+			kvb_note("restart: %llu L2 writes dropped while filling", (unsigned long long)kvb_stat(sc, "l2_write_drops"));
 		kvs_client_close(r.c);
 		kvs_client_close(sc);
 		kvb_server_stop(&s, false);
@@ -777,7 +782,7 @@ int kvb_mode_memory(const kvb_opts *o)
 		geo g = {.layers = 1, .bpc = 1, .nb = 4096, .block = 4096};
 		rank_ctx r;
 		kvs_client *sc = kvb_client(&s, "mem", KVS_ROLE_SCHEDULER, 0, 1);
-		if (!sc || rank_setup(&s, "mem", 0, 1, g, &r) || fill(&s, &r, 777 + i, sizes[i])) {
+		if (!sc || rank_setup(&s, "mem", 0, 1, g, &r) || fill(NULL, &r, 777 + i, sizes[i])) {
 			rc = 1;
 			break;
 		}
