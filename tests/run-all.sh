@@ -1,20 +1,23 @@
 #!/usr/bin/env bash
-# The whole test suite: unit + integration tests in a normal build and in an
-# ASan+UBSan build, then the libFuzzer decoder harness for FUZZ_SECONDS (60).
+# The whole test suite: unit + integration + bench-smoke tests in a normal
+# build; the multi-process integration tests again with the server under
+# valgrind (leaks and errors fail them); unit + integration in an ASan+UBSan
+# build; then the libFuzzer decoder harness for FUZZ_SECONDS (60).
 # Ends with "N passed, N failed" summed over every run.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ./configs/install-deps.sh || exit 1
 passed=0; failed=0
-run_suite() { # build-dir label
+run_suite() { # build-dir label meson-test-args...
+  local dir=$1 label=$2; shift 2
   local log; log=$(mktemp)
-  meson test -C "$1" --suite unit --suite integration --print-errorlogs 2>&1 | tee "$log"
+  meson test -C "$dir" "$@" --print-errorlogs 2>&1 | tee "$log"
   local ok fail to
   ok=$(awk '/^Ok:/{print $2}' "$log"); fail=$(awk '/^Fail:/{print $2}' "$log")
   to=$(awk '/^Timeout:/{print $2}' "$log")
   passed=$((passed + ${ok:-0})); failed=$((failed + ${fail:-0} + ${to:-0}))
   [ -n "$ok" ] || failed=$((failed + 1))
-  echo "== $2: ${ok:-0} ok, ${fail:-0} failed, ${to:-0} timed out"
+  echo "== $label: ${ok:-0} ok, ${fail:-0} failed, ${to:-0} timed out"
   rm -f "$log"
 }
 build() { # dir args...
@@ -22,10 +25,13 @@ build() { # dir args...
   if [ ! -d "$d" ]; then meson setup "$d" "$@" >/dev/null || return 1; fi
   ninja -C "$d" >/dev/null || { ninja -C "$d"; return 1; }
 }
-if build build; then run_suite build "normal build"; else failed=$((failed + 1)); fi
+if build build; then
+  run_suite build "normal build" --suite unit --suite integration --suite bench-smoke
+  run_suite build "server under valgrind" --setup valgrind spine jobs hybrid
+else failed=$((failed + 1)); fi
 if build build-asan -Db_sanitize=address,undefined -Db_lundef=false; then
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-    run_suite build-asan "ASan+UBSan build"
+    run_suite build-asan "ASan+UBSan build" --suite unit --suite integration
 else failed=$((failed + 1)); fi
 if [ -x tests/fuzz/run-fuzz.sh ]; then
   if FUZZ_SECONDS=${FUZZ_SECONDS:-60} tests/fuzz/run-fuzz.sh; then
