@@ -16,6 +16,9 @@
 
 #define KVS_LOG_COMPONENT "jobs"
 #include "copy_host.h"
+#if KVS_HAVE_CUDA
+#include "copy_cuda.h"
+#endif
 #include "kvs_l1.h"
 #include "kvs_l2.h"
 #include "kvs_log.h"
@@ -669,13 +672,28 @@ static kvs_promo *promo_start(kvs_server *srv, const kvs_objkey *key, uint64_t g
 	return pr;
 }
 
+/* Hands a task to the registration's copy engine: its CUDA stream for
+ * device memory, the host pool for memfds. */
+static void engine_submit(kvs_server *srv, const kvs_reg *g, kvs_copy_task *t, const kvs_bytes *event)
+{
+#if KVS_HAVE_CUDA
+	if (g->stream) {
+		kvs_cuda_submit(srv->cuda, g->stream, t, event ? event->ptr : NULL, event ? event->len : 0);
+		return;
+	}
+#endif
+	(void)g;
+	(void)event;
+	kvs_copy_pool_submit(srv->pool, t);
+}
+
 static void part_submit(kvs_server *srv, kvs_part *p, kvs_copy_task **tasks, uint32_t n)
 {
 	p->copies_pending += n;
 	srv->jobs->st.retrieve_objects += n;
 	for (uint32_t i = 0; i < n; i++) {
 		tasks[i]->owner = p;
-		kvs_copy_pool_submit(srv->pool, tasks[i]);
+		engine_submit(srv, p->reg, tasks[i], NULL);
 	}
 }
 
@@ -978,7 +996,8 @@ static int op_part(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
 		J->st.store_objects += pl.n_tasks;
 		for (uint32_t i = 0; i < pl.n_tasks; i++) {
 			pl.tasks[i]->owner = p;
-			kvs_copy_pool_submit(srv->pool, pl.tasks[i]);
+			/* the producer event is waited on before the first copy only */
+			engine_submit(srv, g, pl.tasks[i], i == 0 && rq->producer_event.len ? &rq->producer_event : NULL);
 		}
 		free(pl.tasks);
 		reply_state(srv, s, rq, KVS_JOB_OPEN);
@@ -1082,6 +1101,17 @@ void kvs_jobs_completions(kvs_server *srv)
 {
 	l2_completions(srv);
 	kvs_copy_task *t = kvs_copy_pool_reap(srv->pool);
+#if KVS_HAVE_CUDA
+	if (srv->cuda) {
+		kvs_copy_task *c = kvs_cuda_reap(srv->cuda);
+		while (c) {
+			kvs_copy_task *n = c->next;
+			c->next = t;
+			t = c;
+			c = n;
+		}
+	}
+#endif
 	while (t) {
 		kvs_copy_task *next = t->next;
 		kvs_part *p = t->owner;

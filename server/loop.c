@@ -42,6 +42,8 @@ void kvs_server_config_defaults(kvs_server_config *cfg)
 	cfg->l2_size = 16ull << 30;
 	cfg->l1_prefault = true;
 	cfg->l2_sync = 0; /* KVS_L2_SYNC_FULL */
+	snprintf(cfg->metrics_listen, sizeof(cfg->metrics_listen), "127.0.0.1:9464");
+	cfg->metrics_stall_ms = 2000;
 }
 
 int kvs__fail(kvs_server *srv, int code, const char *fmt, ...)

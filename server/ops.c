@@ -9,6 +9,9 @@
 
 #define KVS_LOG_COMPONENT "ops"
 #include "copy_host.h"
+#if KVS_HAVE_CUDA
+#include "copy_cuda.h"
+#endif
 #include "jobs.h"
 #include "kvs_l1.h"
 #include "kvs_l2.h"
@@ -45,6 +48,20 @@ int kvs__ops_init(kvs_server *srv)
 	}
 	if ((r = kvs_registry_create(&srv->reg)) < 0)
 		goto err_l1;
+#if KVS_HAVE_CUDA
+	{
+		uint64_t asz;
+		void *arena = kvs_l1_arena(srv->l1, &asz);
+		char why[160] = "";
+		if (kvs_cuda_engine_create(srv->efd, arena, asz, &srv->cuda, why, sizeof(why)) != 0) {
+			srv->cuda = NULL;
+			kvs_info("CUDA engine: not available (%s); host engine only", why);
+		}
+		kvs_registry_set_cuda(srv->reg, srv->cuda);
+	}
+#else
+	kvs_info("CUDA engine: not built (no CUDA headers at build time); host engine only");
+#endif
 	if ((r = kvs_copy_pool_create(srv->cfg.copy_threads, srv->efd, &srv->pool)) < 0)
 		goto err_reg;
 	if (srv->cfg.l2_path[0]) {
@@ -59,8 +76,7 @@ int kvs__ops_init(kvs_server *srv)
 	}
 	if ((r = kvs_jobs_create(srv, &srv->jobs)) < 0)
 		goto err_l2;
-	kvs_info("host copy engine: %u threads; CUDA engine: not built in this version",
-		 srv->cfg.copy_threads);
+	kvs_info("host copy engine: %u threads", srv->cfg.copy_threads);
 	if (srv->cfg.l1_prefault && pthread_create(&srv->prefault, NULL, prefault_main, srv) == 0)
 		srv->prefault_started = true;
 	return 0;
@@ -73,6 +89,10 @@ err_pool:
 err_reg:
 	kvs_registry_destroy(srv->reg);
 	srv->reg = NULL;
+#if KVS_HAVE_CUDA
+	kvs_cuda_engine_destroy(srv->cuda);
+	srv->cuda = NULL;
+#endif
 err_l1:
 	kvs_l1_destroy(srv->l1);
 	srv->l1 = NULL;
@@ -96,6 +116,10 @@ void kvs__ops_fini(kvs_server *srv)
 	srv->l2 = NULL;
 	kvs_registry_destroy(srv->reg);
 	srv->reg = NULL;
+#if KVS_HAVE_CUDA
+	kvs_cuda_engine_destroy(srv->cuda); /* unpins L1: after every import is gone */
+	srv->cuda = NULL;
+#endif
 	kvs_l1_destroy(srv->l1);
 	srv->l1 = NULL;
 }
@@ -193,7 +217,20 @@ int kvs__op_stats(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
 	C("broker_parked", srv->st.broker_parked);
 	C("broker_expired", srv->st.broker_expired);
 	C("parked_fds", kvs_htab_count(srv->parked));
+#if KVS_HAVE_CUDA
+	kvs_cuda_stats cs = {0};
+	if (srv->cuda)
+		kvs_cuda_get_stats(srv->cuda, &cs);
+	C("cuda_available", srv->cuda != NULL);
+	C("cuda_devices", srv->cuda ? kvs_cuda_engine_devices(srv->cuda) : 0);
+	C("cuda_tasks", cs.tasks);
+	C("cuda_kernel_launches", cs.kernel_launches);
+	C("cuda_fallback_copies", cs.fallback_copies);
+	C("cuda_errors", cs.errors);
+	C("cuda_pinned_bytes", cs.pinned_bytes);
+#else
 	C("cuda_available", 0);
+#endif
 	for (int i = 0; i < NE; i++) {
 		snprintf(names[i], sizeof(names[i]), "errors.%s", kvs_error_name(KVS_E_BASE + i));
 		C(names[i], srv->st.errors[i]);

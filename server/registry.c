@@ -16,8 +16,12 @@
 #include "kvs_log.h"
 #include "jobs.h"
 #include "ops.h"
+#if KVS_HAVE_CUDA
+#include "copy_cuda.h"
+#endif
 
 struct kvs_registry {
+	struct kvs_cuda_engine *cuda;
 	kvs_htab *regs;    /* kvs_reg by id */
 	kvs_htab *imports; /* kvs_import by key */
 	uint64_t aliases;  /* sum of (refs - 1) over imports */
@@ -40,6 +44,8 @@ int kvs_registry_create(kvs_registry **ret)
 	return 0;
 }
 
+void kvs_registry_set_cuda(kvs_registry *r, struct kvs_cuda_engine *e) { r->cuda = e; }
+
 static void import_unref(kvs_registry *r, kvs_import *imp)
 {
 	if (--imp->refs > 0) {
@@ -48,6 +54,13 @@ static void import_unref(kvs_registry *r, kvs_import *imp)
 	}
 	/* teardown order: no copy runs (leases drained) -> unmap -> close */
 	kvs_htab_del(r->imports, imp->key);
+#if KVS_HAVE_CUDA
+	if (imp->cmap) {
+		kvs_cuda_unimport(r->cuda, imp->cmap); /* sync -> unmap -> free VA -> release */
+		free(imp);
+		return;
+	}
+#endif
 	munmap(imp->base, imp->size);
 	close(imp->fd);
 	free(imp);
@@ -55,6 +68,9 @@ static void import_unref(kvs_registry *r, kvs_import *imp)
 
 static void reg_free(kvs_registry *r, kvs_reg *g)
 {
+#if KVS_HAVE_CUDA
+	kvs_cuda_stream_destroy(r->cuda, g->stream); /* synchronizes first */
+#endif
 	for (uint32_t i = 0; i < g->n_imports; i++)
 		import_unref(r, g->imports[i]);
 	for (uint32_t i = 0; i < g->n_groups; i++)
@@ -148,8 +164,9 @@ static bool views_overlap(const kvs_layer_desc *a, const kvs_layer_desc *b)
 
 static int validate(kvs_server *srv, const kvs_msg *rq)
 {
-	if (rq->device.type != KVS_DEV_HOST)
-		return kvs__fail(srv, KVS_E_DEVICE, "device type 'cuda' is not available on this server (host engine only)");
+	if (rq->device.type == KVS_DEV_CUDA && !srv->cuda)
+		return kvs__fail(srv, KVS_E_DEVICE, "device type 'cuda' is not available on this server (no GPU or "
+				 "driver: host engine only)");
 	if (rq->n_allocs == 0 || rq->n_groups == 0 || rq->n_layers == 0)
 		return kvs__fail(srv, KVS_E_GEOMETRY, "a registration needs at least one allocation, group and layer");
 	for (uint32_t i = 0; i < rq->n_groups; i++) {
@@ -248,6 +265,48 @@ int kvs__op_register(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
 		memcpy(key + 1, rq->device.uuid, 16);
 		memcpy(key + 17, rq->allocs[i].alloc_id, 16);
 		kvs_import *imp = kvs_htab_get(R->imports, key);
+#if KVS_HAVE_CUDA
+		if (rq->device.type == KVS_DEV_CUDA) {
+			if (imp) {
+				if (imp->size != rq->allocs[i].size) {
+					r = kvs__fail(srv, KVS_E_GEOMETRY, "allocations[%u]: already imported with another size", i);
+					goto err_imports;
+				}
+				imp->refs++;
+				R->aliases++;
+				imps[i] = imp;
+				continue;
+			}
+			imp = calloc(1, sizeof(*imp));
+			if (!imp) {
+				r = kvs__fail(srv, KVS_E_INTERNAL, "out of memory");
+				goto err_imports;
+			}
+			char why[160];
+			int fd = claimed[i]->fd;
+			claimed[i]->fd = -1; /* the import call closes it */
+			int e = kvs_cuda_import(srv->cuda, rq->device.uuid, fd, rq->allocs[i].size, &imp->cmap, why, sizeof(why));
+			if (e) {
+				free(imp);
+				r = kvs__fail(srv, e, "allocations[%u]: %s", i, why);
+				goto err_imports;
+			}
+			memcpy(imp->key, key, sizeof(key));
+			imp->base = kvs_cuda_map_base(imp->cmap);
+			imp->size = rq->allocs[i].size;
+			imp->fd = -1;
+			imp->refs = 1;
+			if (kvs_htab_put(R->imports, imp) < 0) {
+				kvs_cuda_unimport(srv->cuda, imp->cmap);
+				free(imp);
+				r = kvs__fail(srv, KVS_E_INTERNAL, "out of memory");
+				goto err_imports;
+			}
+			imps[i] = imp;
+			fresh[i] = true;
+			continue;
+		}
+#endif
 		struct stat st;
 		if (fstat(claimed[i]->fd, &st) < 0) {
 			r = kvs__fail(srv, KVS_E_DEVICE, "allocations[%u]: fstat failed: %s", i, strerror(errno));
@@ -369,6 +428,11 @@ int kvs__op_register(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
 	g->world = s->world;
 	g->rank = s->rank;
 	g->dev_type = rq->device.type;
+#if KVS_HAVE_CUDA
+	if (g->dev_type == KVS_DEV_CUDA &&
+	    kvs_cuda_stream_create(srv->cuda, kvs_cuda_map_device(imps[0]->cmap), &g->stream) != 0)
+		goto err_nomem;
+#endif
 	/* replace the session's earlier registration only now that this one works */
 	kvs_reg *old = kvs_registry_of_session(R, s->id);
 	if (kvs_htab_put(R->regs, g) < 0)

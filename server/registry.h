@@ -18,9 +18,10 @@ typedef struct kvs_import {
 	int fd;
 	dev_t dev; /* identity of the memfd, so an alias is the same memory */
 	ino_t ino;
-	uint8_t *base;
+	uint8_t *base;   /* host: mmap of the memfd; cuda: the mapped device VA */
 	uint64_t size;
 	uint32_t refs;
+	struct kvs_cuda_map *cmap; /* cuda imports only */
 } kvs_import;
 
 /* A layer view, resolved: block b of this layer lives at
@@ -59,6 +60,7 @@ typedef struct kvs_reg {
 	kvs_import **imports; /* distinct imports referenced */
 	uint32_t leases;
 	bool dead;
+	struct kvs_cuda_stream *stream; /* cuda registrations: their copy stream */
 	/* a pending unregister reply (id != 0) and its drain deadline */
 	uint64_t unreg_id;
 	uint64_t unreg_deadline_ms;
@@ -67,6 +69,8 @@ typedef struct kvs_reg {
 typedef struct kvs_registry kvs_registry;
 
 int kvs_registry_create(kvs_registry **ret);
+/* The CUDA engine imports go through (NULL: host only). */
+void kvs_registry_set_cuda(kvs_registry *r, struct kvs_cuda_engine *e);
 /* Releases every registration and import (leases must be zero). */
 void kvs_registry_destroy(kvs_registry *r);
 

@@ -38,6 +38,8 @@ typedef struct kvs_server_config {
 	uint64_t l2_size;       /* LMDB map size */
 	int l2_sync;            /* enum kvs_l2_sync */
 	bool l1_prefault;       /* fault the arena in at start (background) */
+	char metrics_listen[128]; /* HOST:PORT of the metrics/health HTTP endpoint; "" = off */
+	uint64_t metrics_stall_ms; /* /healthz fails when the loop has not ticked for this long */
 } kvs_server_config;
 
 void kvs_server_config_defaults(kvs_server_config *cfg);
@@ -98,6 +100,7 @@ struct kvs_jobs;
 struct kvs_l1;
 struct kvs_l2;
 struct kvs_copy_pool;
+struct kvs_cuda_engine;
 
 struct kvs_server {
 	kvs_server_config cfg;
@@ -124,6 +127,7 @@ struct kvs_server {
 	struct kvs_l1 *l1;
 	struct kvs_l2 *l2; /* NULL without --l2-path */
 	struct kvs_copy_pool *pool;
+	struct kvs_cuda_engine *cuda; /* NULL without a GPU */
 
 	kvs_stats st;
 	uint64_t now_ms; /* refreshed once per loop iteration */

@@ -1,0 +1,56 @@
+/* The CUDA copy engine: imports of cuMem allocations exported by ranks as
+ * POSIX fds, one stream per registration, the gather/scatter kernel between
+ * imported device memory and the pinned, device-mapped L1 arena, completions
+ * through cuLaunchHostFunc writing the loop's eventfd. All calls come from
+ * the main loop; only the host callbacks run elsewhere (driver thread), and
+ * they touch nothing but the done list. A CUDA failure fails the task (the
+ * job part gets E_DEVICE), never the server. */
+#ifndef KVS_COPY_CUDA_H
+#define KVS_COPY_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "copy_host.h"
+
+typedef struct kvs_cuda_engine kvs_cuda_engine;
+typedef struct kvs_cuda_map kvs_cuda_map;   /* one imported allocation */
+typedef struct kvs_cuda_stream kvs_cuda_stream;
+
+/* Creates the engine when a GPU and driver are present (-ENODEV otherwise,
+ * with why in err). Pins the L1 arena for device access in the background,
+ * slice by slice, so start-up stays fast; copies touching a slice not yet
+ * pinned fall back to cuMemcpyAsync. */
+int kvs_cuda_engine_create(int efd, void *arena, uint64_t arena_size, kvs_cuda_engine **ret,
+			   char *err, size_t errlen);
+void kvs_cuda_engine_destroy(kvs_cuda_engine *e);
+/* "kernel (PTX)" or "cuMemcpyBatchAsync" or "cuMemcpyAsync": what copies. */
+const char *kvs_cuda_engine_mode(const kvs_cuda_engine *e);
+int kvs_cuda_engine_devices(const kvs_cuda_engine *e);
+
+/* Imports fd (closed by this call in every case) as size bytes on the device
+ * whose UUID is uuid. 0 and *ret, or KVS_E_DEVICE with the reason in err. */
+int kvs_cuda_import(kvs_cuda_engine *e, const uint8_t uuid[16], int fd, uint64_t size,
+		    kvs_cuda_map **ret, char *err, size_t errlen);
+/* Teardown in order: synchronize the device's work on it -> unmap -> free
+ * the address range -> release the handle. Accepts NULL. */
+void kvs_cuda_unimport(kvs_cuda_engine *e, kvs_cuda_map *m);
+uint8_t *kvs_cuda_map_base(const kvs_cuda_map *m);
+int kvs_cuda_map_device(const kvs_cuda_map *m);
+
+int kvs_cuda_stream_create(kvs_cuda_engine *e, int device, kvs_cuda_stream **ret);
+/* Synchronizes, then destroys. Accepts NULL. */
+void kvs_cuda_stream_destroy(kvs_cuda_engine *e, kvs_cuda_stream *s);
+
+/* Queues a copy task on stream s (after waiting for the producer event, if
+ * given: a CUipcEventHandle). The task completes through kvs_cuda_reap. */
+void kvs_cuda_submit(kvs_cuda_engine *e, kvs_cuda_stream *s, kvs_copy_task *t, const void *event,
+		     size_t event_len);
+kvs_copy_task *kvs_cuda_reap(kvs_cuda_engine *e);
+
+typedef struct kvs_cuda_stats {
+	uint64_t tasks, kernel_launches, dma_copies, fallback_copies, errors, pinned_bytes;
+} kvs_cuda_stats;
+void kvs_cuda_get_stats(kvs_cuda_engine *e, kvs_cuda_stats *st);
+
+#endif
