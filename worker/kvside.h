@@ -175,6 +175,31 @@ int kvs_register(kvs_client *c, const kvs_registration_desc *d, int timeout_ms,
  * do not drain in time, in which case the registration stays). */
 int kvs_unregister(kvs_client *c, uint64_t handle, int timeout_ms);
 
+/* ---- CUDA memory (libkvside built with CUDA headers; driver at run time) -- */
+
+/** True if the CUDA driver and a device are usable in this process. */
+bool kvs_cuda_available(void);
+
+/** Allocates size bytes of shareable cuMem memory (POSIX-fd handle type) on
+ * device, mapped read-write for it; rounds up to the allocation granularity.
+ * The signature matches torch.cuda.memory.CUDAPluggableAllocator's. Returns
+ * NULL on failure (no driver, no memory). Makes device's primary context
+ * current on the calling thread. */
+void *kvs_cuda_alloc(size_t size, int device, void *stream);
+/** Frees memory from kvs_cuda_alloc (unmap, free the range, release). */
+void kvs_cuda_free(void *ptr, size_t size, int device, void *stream);
+
+/** Finds the cuMem allocation behind a device pointer and exports it as a
+ * POSIX fd for kvs_register(): fills *ret_alloc (fd: a new descriptor the
+ * caller closes after kvs_register, size, alloc_id: stable for this
+ * allocation within this process) and *ret_base (the allocation's start, to
+ * compute layer offsets). Memory without a VMM handle (cudaMalloc) is not
+ * supported: -ENOTSUP. @return 0, -ENODEV (no CUDA), or KVS_E_DEVICE. */
+int kvs_cuda_export(const void *dptr, kvs_alloc *ret_alloc, uint64_t *ret_base);
+
+/** The 16-byte UUID of a CUDA device (for kvs_registration_desc.device_uuid). */
+int kvs_cuda_device_uuid(int device, uint8_t out[16]);
+
 /* ---- jobs --------------------------------------------------------------- */
 
 /** Block lists: one list per group in registration order, each with

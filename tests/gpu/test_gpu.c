@@ -1,0 +1,361 @@
+/* GPU suite: the real server with its CUDA engine and 4 real rank processes
+ * on one GPU, each with its own shareable cuMem allocation of 1 GiB of random
+ * data registered as 6 layer views (2 groups, one with a padded stride).
+ * Store -> lookup -> retrieve into disjoint blocks -> byte-exact, bytes
+ * outside the destinations untouched; import dedup; unregister/register in
+ * one server process; a rank killed mid-store; restart with L2.
+ * Exits 77 (skip) where the server finds no GPU. */
+#include <errno.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "kvs_cuda.h"
+
+#define W 4
+#define ALLOC (1ull << 30)
+#define G0_LAYERS 4
+#define G0_BYTES (64u << 10)
+#define G0_STRIDE (68u << 10) /* padded */
+#define G0_NB 1024
+#define G1_LAYERS 2
+#define G1_BYTES (16u << 10)
+#define G1_NB 4096
+#define BPC 16
+#define G1_OFF ((uint64_t)G0_LAYERS * G0_NB * G0_STRIDE)
+
+static int failures;
+#define CHECK(c, ...)                                                            \
+	do {                                                                     \
+		if (!(c)) {                                                      \
+			fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);     \
+			fprintf(stderr, __VA_ARGS__);                            \
+			fprintf(stderr, "\n");                                   \
+			failures++;                                              \
+		}                                                                \
+	} while (0)
+
+enum { C_STORE = 1, C_RETRIEVE, C_COMPLETE, C_VERIFY, C_UNREG, C_REG, C_STATE, C_EXIT };
+typedef struct cmd {
+	int op;
+	uint64_t job;
+	uint32_t n, src, dst;
+	int ok;
+} cmd;
+typedef struct res {
+	int code, state;
+	uint64_t value;
+} res;
+
+static uint64_t layer_off(int g, int l) { return g == 0 ? (uint64_t)l * G0_NB * G0_STRIDE : G1_OFF + (uint64_t)l * G1_NB * G1_BYTES; }
+static uint64_t blk(int g, int l, uint64_t id) { return layer_off(g, l) + id * (g == 0 ? G0_STRIDE : G1_BYTES); }
+
+static void key_of(uint32_t k, uint8_t out[32])
+{
+	uint32_t tokens[256 * 64];
+	for (uint32_t i = 0; i < (k + 1) * 256; i++)
+		tokens[i] = 7 + i * 13;
+	uint8_t keys[64 * 32];
+	kvs_keys_for_tokens("test-model", tokens, (k + 1) * 256, 256, keys, 64);
+	memcpy(out, keys + 32 * k, 32);
+}
+
+typedef struct rk {
+	kvs_client *c;
+	uint8_t *dev;   /* device pointer */
+	uint8_t *orig;  /* host copy of the initial content */
+	uint64_t handle;
+	uint32_t rank;
+} rk;
+
+static int reg(rk *r)
+{
+	kvs_alloc al[G0_LAYERS + G1_LAYERS];
+	kvs_layer ly[G0_LAYERS + G1_LAYERS];
+	uint64_t base = 0;
+	int n = 0;
+	for (int g = 0; g < 2; g++)
+		for (int l = 0; l < (g ? G1_LAYERS : G0_LAYERS); l++) {
+			/* one allocation entry per layer tensor, as an engine would
+			 * send them: the server dedups them into one import */
+			int rc = kvs_cuda_export(r->dev + layer_off(g, l), &al[n], &base);
+			if (rc)
+				return rc;
+			ly[n] = (kvs_layer){.group = (uint32_t)g, .alloc = (uint32_t)n,
+					    .offset = (uint64_t)(uintptr_t)r->dev + layer_off(g, l) - base,
+					    .num_blocks = g ? G1_NB : G0_NB, .block_stride = g ? G1_BYTES : G0_STRIDE,
+					    .block_bytes = g ? G1_BYTES : G0_BYTES};
+			n++;
+		}
+	kvs_group gr[2] = {{.id = 0, .kind = KVS_GROUP_ATTENTION, .tokens_per_block = 16, .blocks_per_chunk = BPC,
+			    .window_chunks = -1, .null_block = -1},
+			   {.id = 1, .kind = KVS_GROUP_ATTENTION, .tokens_per_block = 16, .blocks_per_chunk = BPC,
+			    .window_chunks = -1, .null_block = -1}};
+	kvs_registration_desc d = {.device_type = KVS_DEV_CUDA, .allocs = al, .n_allocs = (uint32_t)n, .groups = gr,
+				   .n_groups = 2, .layers = ly, .n_layers = (uint32_t)n};
+	kvs_cuda_device_uuid(0, d.device_uuid);
+	int rc = kvs_register(r->c, &d, 20000, &r->handle);
+	for (int i = 0; i < n; i++)
+		close(al[i].fd);
+	return rc;
+}
+
+static int job(rk *r, bool store, const cmd *c, int *state)
+{
+	uint8_t keys[64 * 32];
+	int64_t l0[64 * BPC], l1[64 * BPC];
+	for (uint32_t k = 0; k < c->n; k++) {
+		key_of(k, keys + 32 * k);
+		for (uint32_t b = 0; b < BPC; b++) {
+			l0[k * BPC + b] = (store ? c->src : c->dst) + k * BPC + b;
+			l1[k * BPC + b] = (store ? c->src : c->dst) * 4 + k * BPC + b;
+		}
+	}
+	const int64_t *ids[2] = {l0, l1};
+	uint32_t lens[2] = {c->n * BPC, c->n * BPC};
+	kvs_blocks bl = {.n_groups = 2, .ids = ids, .len = lens};
+	return store ? kvs_store(r->c, c->job, keys, c->n, &bl, NULL, 20000, state)
+		     : kvs_retrieve(r->c, c->job, keys, c->n, &bl, 0, 20000, state);
+}
+
+static uint64_t verify(rk *r, const cmd *c)
+{
+	const kvs_cuda_api *cu = kvs_cuda();
+	uint8_t *now = malloc(ALLOC), *exp = malloc(ALLOC);
+	memcpy(exp, r->orig, ALLOC);
+	for (uint32_t k = 0; k < c->n; k++)
+		for (uint32_t b = 0; b < BPC; b++) {
+			for (int l = 0; l < G0_LAYERS; l++)
+				memcpy(exp + blk(0, l, c->dst + k * BPC + b), r->orig + blk(0, l, c->src + k * BPC + b), G0_BYTES);
+			for (int l = 0; l < G1_LAYERS; l++)
+				memcpy(exp + blk(1, l, c->dst * 4 + k * BPC + b), r->orig + blk(1, l, c->src * 4 + k * BPC + b), G1_BYTES);
+		}
+	cu->cuMemcpyDtoH(now, (CUdeviceptr)(uintptr_t)r->dev, ALLOC);
+	uint64_t diff = 0;
+	if (c->ok) { /* destinations only */
+		for (uint32_t k = 0; k < c->n; k++)
+			for (uint32_t b = 0; b < BPC; b++) {
+				for (int l = 0; l < G0_LAYERS; l++) {
+					uint64_t o = blk(0, l, c->dst + k * BPC + b);
+					diff += memcmp(now + o, exp + o, G0_BYTES) != 0;
+				}
+				for (int l = 0; l < G1_LAYERS; l++) {
+					uint64_t o = blk(1, l, c->dst * 4 + k * BPC + b);
+					diff += memcmp(now + o, exp + o, G1_BYTES) != 0;
+				}
+			}
+	} else {
+		for (uint64_t i = 0; i < ALLOC; i += 8)
+			diff += memcmp(now + i, exp + i, 8) != 0;
+	}
+	free(now);
+	free(exp);
+	return diff;
+}
+
+static void rank_main(kvt_server *s, uint32_t rank, int cfd, int rfd)
+{
+	rk r = {.rank = rank};
+	res out = {0};
+	r.c = kvt_client(s, "G", KVS_ROLE_WORKER, rank, W, NULL, NULL);
+	r.dev = kvs_cuda_alloc(ALLOC, 0, NULL);
+	r.orig = malloc(ALLOC);
+	if (!r.c || !r.dev || !r.orig) {
+		out.code = -1;
+	} else {
+		uint64_t x = 0x9E3779B97F4A7C15ull * (rank + 1);
+		for (uint64_t i = 0; i < ALLOC; i += 8) {
+			x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+			memcpy(r.orig + i, &x, 8);
+		}
+		kvs_cuda()->cuMemcpyHtoD((CUdeviceptr)(uintptr_t)r.dev, r.orig, ALLOC);
+		out.code = reg(&r);
+	}
+	if (write(rfd, &out, sizeof(out)) != sizeof(out))
+		_exit(1);
+	cmd c;
+	while (read(cfd, &c, sizeof(c)) == sizeof(c)) {
+		memset(&out, 0, sizeof(out));
+		switch (c.op) {
+		case C_STORE: out.code = job(&r, true, &c, &out.state); break;
+		case C_RETRIEVE: out.code = job(&r, false, &c, &out.state); break;
+		case C_COMPLETE: out.code = kvs_complete(r.c, c.job, c.ok, 20000, &out.state); break;
+		case C_VERIFY: out.value = verify(&r, &c); break;
+		case C_UNREG: out.code = kvs_unregister(r.c, r.handle, 20000); break;
+		case C_REG: out.code = reg(&r); break;
+		case C_STATE: out.value = kvs_client_reconnects(r.c); break;
+		case C_EXIT:
+			kvs_client_close(r.c);
+			kvs_cuda_free(r.dev, ALLOC, 0, NULL);
+			_exit(0);
+		}
+		if (write(rfd, &out, sizeof(out)) != sizeof(out))
+			_exit(1);
+	}
+	_exit(0);
+}
+
+typedef struct prank {
+	pid_t pid;
+	int cfd, rfd;
+} prank;
+
+static int start_rank(prank *p, kvt_server *s, uint32_t rank)
+{
+	int a[2], b[2];
+	if (pipe(a) || pipe(b))
+		return -1;
+	p->pid = fork();
+	if (p->pid == 0) {
+		close(a[1]);
+		close(b[0]);
+		rank_main(s, rank, a[0], b[1]);
+	}
+	close(a[0]);
+	close(b[1]);
+	p->cfd = a[1];
+	p->rfd = b[0];
+	res r;
+	struct pollfd pf = {.fd = p->rfd, .events = POLLIN};
+	if (poll(&pf, 1, 60000) != 1 || read(p->rfd, &r, sizeof(r)) != sizeof(r))
+		return -1;
+	return r.code;
+}
+
+static res do1(prank *p, cmd c)
+{
+	res r = {.code = -999};
+	if (write(p->cfd, &c, sizeof(c)) != sizeof(c))
+		return r;
+	struct pollfd pf = {.fd = p->rfd, .events = POLLIN};
+	if (poll(&pf, 1, 60000) != 1 || read(p->rfd, &r, sizeof(r)) != sizeof(r))
+		r.code = -998;
+	return r;
+}
+
+static void all(prank *p, int n, cmd c, int want)
+{
+	for (int i = 0; i < n; i++) {
+		res r = do1(&p[i], c);
+		CHECK(r.code == want, "rank %d op %d job %llu: %s (want %s)", i, c.op, (unsigned long long)c.job,
+		      kvs_strerror(r.code), kvs_strerror(want));
+	}
+}
+
+static int wait_job(kvs_client *sc, uint64_t job)
+{
+	int st = -1;
+	if (kvs_job_wait(sc, job, 20000, &st) != 0)
+		return -1;
+	return st;
+}
+
+int main(void)
+{
+	kvt_server s;
+	kvt_server_init(&s, "--ttl-ms", "1500", "--heartbeat-ms", "200", "--l1-size", "2G", "--l2-size", "4G", NULL);
+	snprintf(s.extra[s.n_extra++], sizeof(s.extra[0]), "--l2-path");
+	snprintf(s.extra[s.n_extra++], sizeof(s.extra[0]), "%s/l2", s.dir);
+	if (kvt_server_start(&s) != 0) {
+		fprintf(stderr, "server did not start\n");
+		return 1;
+	}
+	kvs_client *sc = kvt_client(&s, "G", KVS_ROLE_SCHEDULER, 0, W, NULL, NULL);
+	if (!sc || kvt_stat(sc, "cuda_available") != 1) {
+		printf("SKIP: the server found no usable GPU (cuda_available=0)\n");
+		kvs_client_close(sc);
+		kvt_server_stop(&s);
+		kvt_server_cleanup(&s);
+		return 77;
+	}
+	/* the L1 arena is pinned in the background: let it finish */
+	KVT_WAIT(kvt_stat(sc, "cuda_pinned_bytes") >= kvt_stat(sc, "l1_capacity"), 30000);
+	prank p[W];
+	for (int i = 0; i < W; i++)
+		CHECK(start_rank(&p[i], &s, (uint32_t)i) == 0, "rank %d did not register", i);
+	/* import dedup: 6 layer views over one allocation per rank */
+	CHECK(kvt_stat(sc, "imports") == W, "imports %llu", (unsigned long long)kvt_stat(sc, "imports"));
+	CHECK(kvt_stat(sc, "aliases") == W * 5, "aliases %llu", (unsigned long long)kvt_stat(sc, "aliases"));
+	printf("registered: imports=%llu aliases=%llu (4 ranks x 6 layer views over 1 allocation each)\n",
+	       (unsigned long long)kvt_stat(sc, "imports"), (unsigned long long)kvt_stat(sc, "aliases"));
+
+	/* store 16 chunks (every group, every rank), lookup, retrieve elsewhere */
+	all(p, W, (cmd){.op = C_STORE, .job = 1, .n = 16, .src = 0}, 0);
+	all(p, W, (cmd){.op = C_COMPLETE, .job = 1, .ok = 1}, 0);
+	CHECK(wait_job(sc, 1) == KVS_JOB_COMMITTED, "store job not committed");
+	uint8_t keys[16 * 32];
+	for (int k = 0; k < 16; k++)
+		key_of((uint32_t)k, keys + 32 * k);
+	uint64_t hits = 0;
+	CHECK(kvs_lookup(sc, keys, 16, false, 0, 5000, &hits, NULL) == 0 && hits == 16, "lookup hits %llu", (unsigned long long)hits);
+	all(p, W, (cmd){.op = C_RETRIEVE, .job = 2, .n = 16, .dst = 512}, 0);
+	all(p, W, (cmd){.op = C_COMPLETE, .job = 2, .ok = 1}, 0);
+	CHECK(wait_job(sc, 2) == KVS_JOB_COMMITTED, "retrieve job not committed");
+	for (int i = 0; i < W; i++) {
+		res r = do1(&p[i], (cmd){.op = C_VERIFY, .n = 16, .src = 0, .dst = 512});
+		CHECK(r.value == 0, "rank %d: %llu 8-byte words differ after retrieve", i, (unsigned long long)r.value);
+	}
+	printf("store -> lookup (16 hits) -> retrieve into disjoint blocks: byte-exact on %d ranks, rest untouched\n", W);
+	CHECK(kvt_stat(sc, "cuda_errors") == 0, "cuda errors");
+	printf("cuda stats: tasks=%llu kernel_launches=%llu fallback_copies=%llu\n",
+	       (unsigned long long)kvt_stat(sc, "cuda_tasks"), (unsigned long long)kvt_stat(sc, "cuda_kernel_launches"),
+	       (unsigned long long)kvt_stat(sc, "cuda_fallback_copies"));
+
+	/* unregister then register again, same server process */
+	all(p, W, (cmd){.op = C_UNREG}, 0);
+	CHECK(KVT_WAIT(kvt_stat(sc, "imports") == 0, 5000), "imports after unregister: %llu", (unsigned long long)kvt_stat(sc, "imports"));
+	all(p, W, (cmd){.op = C_REG}, 0);
+	CHECK(kvt_stat(sc, "imports") == W, "imports after re-register");
+	all(p, W, (cmd){.op = C_RETRIEVE, .job = 3, .n = 16, .dst = 512}, 0);
+	all(p, W, (cmd){.op = C_COMPLETE, .job = 3, .ok = 1}, 0);
+	CHECK(wait_job(sc, 3) == KVS_JOB_COMMITTED, "retrieve after re-register");
+	printf("unregister -> imports 0 -> register again -> retrieve: ok\n");
+
+	/* a rank killed mid-store: the job aborts, its mappings go with its session */
+	all(p, W - 1, (cmd){.op = C_STORE, .job = 4, .n = 4, .src = 128}, 0);
+	res r3 = do1(&p[W - 1], (cmd){.op = C_STORE, .job = 4, .n = 4, .src = 128});
+	CHECK(r3.code == 0, "rank 3 store");
+	kill(p[W - 1].pid, SIGKILL);
+	waitpid(p[W - 1].pid, NULL, 0);
+	CHECK(wait_job(sc, 4) == KVS_JOB_ABORTED, "job 4 not aborted");
+	CHECK(KVT_WAIT(kvt_stat(sc, "imports") == W - 1, 5000), "killed rank's import not released: %llu",
+	      (unsigned long long)kvt_stat(sc, "imports"));
+	CHECK(kvt_stat(sc, "retained_blocks") == 0, "retained blocks left");
+	printf("rank killed mid-store: job aborted, its import released (imports=%llu)\n",
+	       (unsigned long long)kvt_stat(sc, "imports"));
+	CHECK(start_rank(&p[W - 1], &s, W - 1) == 0, "replacement rank");
+
+	/* restart: L2 serves a chunk stored before it, into GPU memory */
+	KVT_WAIT(kvt_stat(sc, "l2_queue_depth") == 0, 10000);
+	int st = kvt_server_stop(&s);
+	CHECK(st == 0, "server exit %d", st);
+	CHECK(kvt_server_start(&s) == 0, "restart");
+	KVT_WAIT(kvt_stat(sc, "registrations") == W, 15000);
+	CHECK(kvt_stat(sc, "registrations") == W, "ranks did not re-register: %llu", (unsigned long long)kvt_stat(sc, "registrations"));
+	hits = 0;
+	kvs_lookup(sc, keys, 16, false, 0, 5000, &hits, NULL);
+	CHECK(hits == 16, "after restart lookup hits %llu", (unsigned long long)hits);
+	/* the replacement rank 3 was seeded like the one it replaces */
+	all(p, W, (cmd){.op = C_RETRIEVE, .job = 5, .n = 16, .dst = 768}, 0);
+	all(p, W, (cmd){.op = C_COMPLETE, .job = 5, .ok = 1}, 0);
+	CHECK(wait_job(sc, 5) == KVS_JOB_COMMITTED, "retrieve after restart");
+	for (int i = 0; i < W; i++) {
+		res r = do1(&p[i], (cmd){.op = C_VERIFY, .n = 16, .src = 0, .dst = 768, .ok = 1});
+		CHECK(r.value == 0, "rank %d: %llu blocks differ after the L2 retrieve", i, (unsigned long long)r.value);
+	}
+	printf("restart: lookup hits %llu from L2, retrieve into GPU committed\n", (unsigned long long)hits);
+	for (int i = 0; i < W; i++)
+		do1(&p[i], (cmd){.op = C_EXIT});
+	for (int i = 0; i < W; i++)
+		waitpid(p[i].pid, NULL, 0);
+	kvs_client_close(sc);
+	CHECK(kvt_server_stop(&s) == 0, "server exit");
+	kvt_server_cleanup(&s);
+	printf("%s: %d failure(s)\n", failures ? "FAILED" : "PASSED", failures);
+	return failures ? 1 : 0;
+}
