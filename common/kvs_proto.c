@@ -56,6 +56,7 @@ static const char *const kind_names[] = {"attention", "recurrent", NULL};
 static const char *const status_names[] = {"ok", "failed", NULL};
 static const char *const state_names[] = {"open", "committed", "aborted", "unknown", NULL};
 static const char *const tier_names[] = {"l1", "l2", NULL};
+static const char *const admin_cmd_names[] = {"status", "drain", "resume", "clear", NULL};
 
 #define M(f) ((uint16_t)offsetof(kvs_msg, f))
 #define REQ(nm, t, fld) {.name = nm, .type = t, .req = true, .off = M(fld)}
@@ -163,6 +164,11 @@ static const fdesc job_status_rq[] = {
 	SESSION, OPTX("jobs", F_U64S, jobs, .off_n = M(n_jobs), .max = KVS_MAX_JOBS_QUERY),
 };
 static const fdesc stats_rq[] = {OPT("session", F_U64, session)};
+static const fdesc admin_rq[] = {
+	SESSION,
+	REQX("cmd", F_ENUM, admin_cmd, .aux = admin_cmd_names),
+	OPTX("timeout_ms", F_U64, wait_ms, .max = 3600000),
+};
 
 static const fdesc hello_rp[] = {
 	REQ("session", F_U64, session),
@@ -191,6 +197,16 @@ static const fdesc job_status_rp[] = {
 static const fdesc stats_rp[] = {
 	REQX("counters", F_COUNTERS, counters, .off_n = M(n_counters), .max = KVS_MAX_COUNTERS),
 };
+static const fdesc admin_rp[] = {
+	REQX("cmd", F_ENUM, admin_cmd, .aux = admin_cmd_names),
+	REQ("draining", F_BOOL, draining),
+	REQ("jobs_open", F_U64, jobs_open),
+	OPT("drained", F_BOOL, drained),
+	OPT("waited_ms", F_U64, waited_ms),
+	OPT("cleared_l1", F_U64, cleared_l1),
+	OPT("cleared_l2", F_U64, cleared_l2),
+	OPT("kept_l1", F_U64, kept_l1),
+};
 static const fdesc job_done_rp[] = {
 	REQ("job", F_U64, job),
 	REQX("state", F_ENUM, state, .aux = state_names),
@@ -213,6 +229,7 @@ static const struct opdef {
 	[KVS_OP_JOB_STATUS] = {"job_status", SPEC(job_status_rq), SPEC(job_status_rp)},
 	[KVS_OP_STATS] = {"stats", SPEC(stats_rq), SPEC(stats_rp)},
 	[KVS_OP_JOB_DONE] = {"job_done", {NULL, 0}, SPEC(job_done_rp)},
+	[KVS_OP_ADMIN] = {"admin", SPEC(admin_rq), SPEC(admin_rp)},
 };
 
 const char *kvs_op_name(kvs_op op)
@@ -234,6 +251,19 @@ const char *kvs_job_state_name(int s)
 }
 
 const char *kvs_tier_name(int t) { return (t == KVS_TIER_L1 || t == KVS_TIER_L2) ? tier_names[t] : "?"; }
+
+const char *kvs_admin_cmd_name(int c)
+{
+	return (c >= KVS_ADMIN_STATUS && c <= KVS_ADMIN_CLEAR) ? admin_cmd_names[c] : "?";
+}
+
+int kvs_admin_cmd_from_name(const char *name)
+{
+	for (int i = 0; admin_cmd_names[i]; i++)
+		if (strcmp(name, admin_cmd_names[i]) == 0)
+			return i;
+	return -1;
+}
 
 void kvs_str_copy(char *dst, size_t cap, kvs_str s)
 {

@@ -51,6 +51,7 @@ typedef enum kvs_op {
 	KVS_OP_JOB_STATUS,
 	KVS_OP_STATS,
 	KVS_OP_JOB_DONE, /* server push, id 0 */
+	KVS_OP_ADMIN,    /* operator commands: status, drain, resume, clear */
 	KVS_OP_COUNT_
 } kvs_op;
 
@@ -158,6 +159,8 @@ typedef struct kvs_msg {
 	kvs_bytes producer_event;
 	const uint64_t *jobs;
 	uint32_t n_jobs;
+	uint8_t admin_cmd; /* admin "cmd": enum kvs_admin_cmd (echoed in the reply) */
+	uint64_t wait_ms;  /* admin drain "timeout_ms": wait this long for open jobs */
 
 	/* replies */
 	uint64_t heartbeat_ms;
@@ -175,6 +178,14 @@ typedef struct kvs_msg {
 	uint32_t n_job_infos;
 	const kvs_counter *counters;
 	uint32_t n_counters;
+	/* admin */
+	bool draining;       /* new job parts are refused */
+	bool drained;        /* drain: no job open when answered */
+	uint64_t jobs_open;
+	uint64_t waited_ms;  /* drain: time waited for open jobs */
+	uint64_t cleared_l1; /* clear: objects dropped from L1 / L2 */
+	uint64_t cleared_l2;
+	uint64_t kept_l1;    /* clear: L1 objects kept (pinned by lookups or L2 writes) */
 
 	/* decoder bookkeeping */
 	void *zone_; /* msgpack_zone owning decoded arrays */
@@ -212,6 +223,10 @@ const char *kvs_op_name(kvs_op op);
 kvs_op kvs_op_from_name(const char *name, size_t len);
 const char *kvs_job_state_name(int state);
 const char *kvs_tier_name(int tier);
+/* "status", "drain", "resume", "clear"; "?" for other values. */
+const char *kvs_admin_cmd_name(int cmd);
+/* enum kvs_admin_cmd for a name, or -1. */
+int kvs_admin_cmd_from_name(const char *name);
 
 /* Copies a kvs_str into a NUL-terminated buffer of cap bytes (truncating). */
 void kvs_str_copy(char *dst, size_t cap, kvs_str s);

@@ -20,6 +20,7 @@
 #include "kvs_time.h"
 #include "server.h"
 #include "ops.h"
+#include "metrics.h"
 
 void kvs_server_config_defaults(kvs_server_config *cfg)
 {
@@ -105,6 +106,7 @@ static void vreply_err(kvs_server *srv, const void *ident, size_t ident_len, kvs
 	if (!kvs_error_is_project(code))
 		code = KVS_E_INTERNAL;
 	srv->st.errors[code - KVS_E_BASE]++;
+	srv->st.errors_by_op[op > KVS_OP_NONE && op < KVS_OP_COUNT_ ? op : KVS_OP_NONE][code - KVS_E_BASE]++;
 	kvs_msg e = {.op = op, .id = id, .ok = false, .code = code,
 		     .errmsg = kvs_str_c(text)};
 	kvs_dbg("reply %s id=%llu %s: %s", kvs_op_name(op), (unsigned long long)id,
@@ -162,6 +164,7 @@ static void dispatch(kvs_server *srv, const uint8_t *ident, size_t ident_len, co
 	kvs_proto_err perr;
 	srv->st.requests++;
 	int r = kvs_proto_decode(buf, len, false, &rq, &perr);
+	srv->st.requests_by_op[r ? perr.op : rq.op]++;
 	if (r) {
 		kvs__reply_err(srv, ident, ident_len, perr.op, perr.id, r, "%s", perr.msg);
 		return;
@@ -318,6 +321,7 @@ int kvs_server_create(const kvs_server_config *cfg, kvs_server **ret)
 	kvs_info("listening on %s, broker %s, ttl %llu ms, L1 %llu MiB", srv->endpoint,
 		 srv->broker_path, (unsigned long long)cfg->ttl_ms,
 		 (unsigned long long)(cfg->l1_size >> 20));
+	kvs__metrics_init(srv); /* never fails start-up: see metrics.h */
 	*ret = srv;
 	return 0;
 
@@ -344,6 +348,7 @@ void kvs_server_destroy(kvs_server *srv)
 {
 	if (!srv)
 		return;
+	kvs__metrics_fini(srv);
 	/* close every session: fails open parts, releases registrations */
 	size_t pos = 0;
 	kvs_session *s;
@@ -371,6 +376,7 @@ static void tick(kvs_server *srv)
 	kvs__sessions_reap(srv);
 	kvs__broker_expire(srv);
 	kvs__ops_tick(srv);
+	kvs__metrics_tick(srv); /* publish counters + sign of life for /healthz */
 }
 
 int kvs_server_run(kvs_server *srv, int sigfd)

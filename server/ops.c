@@ -1,5 +1,6 @@
 /* Glue between the main loop and the data-path modules (registry, jobs, L1,
  * host copy pool), and the `stats` op. */
+#include <assert.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -16,6 +17,7 @@
 #include "kvs_l1.h"
 #include "kvs_l2.h"
 #include "kvs_log.h"
+#include "metrics.h"
 #include "ops.h"
 #include "registry.h"
 
@@ -142,11 +144,9 @@ void kvs__ops_session_gone(kvs_server *srv, kvs_session *s)
 
 uint64_t kvs__ops_pending_jobs(kvs_server *srv, kvs_session *s) { return kvs_jobs_pending(srv, s); }
 
-int kvs__op_stats(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
+uint32_t kvs__stats_collect(kvs_server *srv, kvs_counter *c, char (*names)[32])
 {
 	enum { NE = KVS_E_LAST_ - KVS_E_BASE + 1 };
-	kvs_counter c[96 + NE];
-	char names[NE][32];
 	uint32_t n = 0;
 	kvs_l1_stats l1;
 	kvs_l1_get_stats(srv->l1, &l1);
@@ -217,6 +217,9 @@ int kvs__op_stats(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
 	C("broker_parked", srv->st.broker_parked);
 	C("broker_expired", srv->st.broker_expired);
 	C("parked_fds", kvs_htab_count(srv->parked));
+	C("copy_bytes_host", kvs_copy_pool_bytes(srv->pool));
+	C("draining", srv->draining);
+	C("metrics_port", kvs__metrics_port(srv));
 #if KVS_HAVE_CUDA
 	kvs_cuda_stats cs = {0};
 	if (srv->cuda)
@@ -236,6 +239,15 @@ int kvs__op_stats(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
 		C(names[i], srv->st.errors[i]);
 	}
 #undef C
+	assert(n <= KVS_STATS_MAX);
+	return n;
+}
+
+int kvs__op_stats(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
+{
+	kvs_counter c[KVS_STATS_MAX];
+	char names[KVS_E_LAST_ - KVS_E_BASE + 1][32];
+	uint32_t n = kvs__stats_collect(srv, c, names);
 	kvs_msg rep = {.op = KVS_OP_STATS, .id = rq->id, .ok = true, .counters = c, .n_counters = n};
 	kvs__reply(srv, s->ident, s->ident_len, &rep);
 	return 0;

@@ -16,6 +16,12 @@ void kvs__ops_session_gone(kvs_server *srv, kvs_session *s);
 /* Open jobs the session participates in (heartbeat's pending_jobs). */
 uint64_t kvs__ops_pending_jobs(kvs_server *srv, kvs_session *s);
 
+/* The counters `stats` reports (and /metrics exports): fills c (at least
+ * KVS_STATS_MAX entries; names of the errors.* entries are written to names,
+ * which must outlive c) and returns how many. */
+#define KVS_STATS_MAX 160
+uint32_t kvs__stats_collect(kvs_server *srv, kvs_counter *c, char (*names)[32]);
+
 int kvs__op_heartbeat(kvs_server *srv, kvs_session *s, const kvs_msg *rq);
 int kvs__op_bye(kvs_server *srv, kvs_session *s, const kvs_msg *rq);
 int kvs__op_stats(kvs_server *srv, kvs_session *s, const kvs_msg *rq);

@@ -93,6 +93,9 @@ typedef struct kvs_stats {
 	uint64_t errors[KVS_E_LAST_ - KVS_E_BASE + 1];
 	uint64_t sessions_opened, sessions_reaped;
 	uint64_t broker_accepted, broker_rejected, broker_parked, broker_expired;
+	/* by op (index KVS_OP_NONE: requests whose op was unreadable) */
+	uint64_t requests_by_op[KVS_OP_COUNT_];
+	uint64_t errors_by_op[KVS_OP_COUNT_][KVS_E_LAST_ - KVS_E_BASE + 1];
 } kvs_stats;
 
 struct kvs_registry;
@@ -137,6 +140,12 @@ struct kvs_server {
 	atomic_uint_fast64_t prefaulted; /* bytes of the arena faulted in so far */
 	uint64_t busy_ns; /* main-loop time spent handling events (not waiting) */
 	char errbuf[256]; /* text of the error a handler is returning */
+
+	/* operations (admin.c, metrics.c) */
+	bool draining;            /* new job parts are refused with E_BUSY */
+	uint64_t drain_since_ms;
+	struct kvs_admin_wait *admin_waits; /* drain requests waiting for open jobs */
+	struct kvs_metrics *metrics;        /* NULL when off or not bound */
 };
 
 /* Handlers return 0 once they have replied (or deferred their reply), or a

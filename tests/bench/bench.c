@@ -218,7 +218,7 @@ static void usage(FILE *f)
 {
 	fprintf(f,
 		"Usage: kvside-bench MODE... [options]\n"
-		"Modes: copy control l2 trace restart memory all\n"
+		"Modes: copy control l2 trace restart memory gpu all   (gpu: the cuda engine; reports no GPU cleanly)\n"
 		"  --server PATH     kvside-server binary (default: $KVS_SERVER or build/server/kvside-server)\n"
 		"  --trace FILE      Mooncake-format trace (default ../shared/data/synthetic_trace.jsonl)\n"
 		"  --trace-requests N  replay only the first N requests\n"
@@ -282,7 +282,9 @@ int main(int argc, char **argv)
 			r |= kvb_mode_restart(&o);
 		if (all || strcmp(m, "memory") == 0)
 			r |= kvb_mode_memory(&o);
-		if (!all && !strstr(" copy control l2 trace restart memory ", m)) {
+		if (all || strcmp(m, "gpu") == 0)
+			r |= kvb_mode_gpu(&o);
+		if (!all && !strstr(" copy control l2 trace restart memory gpu ", m)) {
 			fprintf(stderr, "unknown mode %s\n", m);
 			return 2;
 		}

@@ -1,0 +1,538 @@
+/* Metrics and health endpoint: a libmicrohttpd thread serving a snapshot the
+ * main loop publishes every tick (see metrics.h for the threading rule), the
+ * Prometheus text formatter, and the glue that builds the snapshot from the
+ * server's `stats` counters. */
+#include "metrics.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <microhttpd.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#define KVS_LOG_COMPONENT "metrics"
+#include "config.h"
+#include "kvs_config.h"
+#include "kvs_log.h"
+#include "kvs_time.h"
+#include "ops.h"
+#include "server.h"
+
+struct kvs_metrics {
+	struct MHD_Daemon *daemon;
+	unsigned port;
+	uint64_t stall_ms;
+	char version[32];
+	/* written by the main loop, read by the HTTP thread */
+	pthread_mutex_t mu;          /* guards snap and published */
+	kvs_metrics_snap snap;
+	bool published;
+	atomic_uint_fast64_t last_ms; /* kvs_now_ms() of the last publish */
+	/* main-loop thread only: the copy-throughput window */
+	uint64_t win_ms, win_all, win_host, bps_all, bps_host;
+	kvs_metrics_snap *build;     /* scratch snapshot the loop fills */
+};
+
+/* ---- the Prometheus text format ---------------------------------------------------- */
+
+typedef struct sbuf {
+	char *p;
+	size_t len, cap;
+	bool oom;
+} sbuf;
+
+static void sb_printf(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void sb_printf(sbuf *b, const char *fmt, ...)
+{
+	for (int attempt = 0; attempt < 2 && !b->oom; attempt++) {
+		va_list ap;
+		va_start(ap, fmt);
+		int n = vsnprintf(b->p ? b->p + b->len : NULL, b->p ? b->cap - b->len : 0, fmt, ap);
+		va_end(ap);
+		if (n < 0) {
+			b->oom = true;
+			return;
+		}
+		if (b->p && b->len + (size_t)n < b->cap) {
+			b->len += (size_t)n;
+			return;
+		}
+		size_t cap = b->cap ? b->cap : 16384;
+		while (cap < b->len + (size_t)n + 1)
+			cap *= 2;
+		char *q = realloc(b->p, cap);
+		if (!q) {
+			b->oom = true;
+			return;
+		}
+		b->p = q;
+		b->cap = cap;
+	}
+}
+
+/* One metric family: its samples come from `stats` counters by name. */
+typedef struct family {
+	const char *name; /* after the kvside_ prefix */
+	const char *type; /* counter or gauge */
+	const char *help;
+	double scale;     /* 0: the counter as an integer; else value * scale */
+	struct { const char *stat, *labels; } smp[3];
+} family;
+
+static const family families[] = {
+	{"sessions", "gauge", "Open client sessions.", 0, {{"sessions", ""}}},
+	{"sessions_opened_total", "counter", "Sessions opened by hello.", 0, {{"sessions_opened", ""}}},
+	{"sessions_reaped_total", "counter", "Sessions reaped after their lease expired.", 0,
+	 {{"sessions_reaped", ""}}},
+	{"registrations", "gauge", "Live registrations of KV memory.", 0, {{"registrations", ""}}},
+	{"imports", "gauge", "Mapped allocations (memfd or cuMem imports).", 0, {{"imports", ""}}},
+	{"aliases", "gauge", "Alias references to imports held by registrations.", 0, {{"aliases", ""}}},
+	{"retained_blocks", "gauge", "Source blocks retained by open jobs (0 when no job is open).", 0,
+	 {{"retained_blocks", ""}}},
+	{"jobs", "gauge", "Jobs by state: open jobs, and terminal ids remembered to answer repeats.", 0,
+	 {{"jobs_open", "state=\"open\""}, {"jobs_terminal_remembered", "state=\"remembered\""}}},
+	{"jobs_finished_total", "counter", "Jobs that reached a terminal state, by state.", 0,
+	 {{"jobs_committed", "state=\"committed\""}, {"jobs_aborted", "state=\"aborted\""}}},
+	{"store_objects_total", "counter", "Objects copied into L1 by store parts.", 0,
+	 {{"store_objects", ""}}},
+	{"store_skipped_cached_total", "counter", "Store objects skipped because already cached.", 0,
+	 {{"store_skipped_cached", ""}}},
+	{"store_staged_total", "counter", "Store objects staged privately (racing stores).", 0,
+	 {{"store_staged", ""}}},
+	{"retrieve_objects_total", "counter", "Objects copied out of L1 by retrieve parts.", 0,
+	 {{"retrieve_objects", ""}}},
+	{"copy_bytes_total", "counter", "Bytes copied by a copy engine, by engine.", 0,
+	 {{"copy_bytes_host", "engine=\"host\""}}},
+	{"copy_throughput_bytes_per_second", "gauge",
+	 "Copy throughput over the last second, by engine (all: every finished copy task).", 0,
+	 {{"copy_bps_host", "engine=\"host\""}, {"copy_bps_all", "engine=\"all\""}}},
+	{"job_copy_bytes_total", "counter", "Bytes of finished copy tasks, all engines and directions.",
+	 0, {{"copy_bytes", ""}}},
+	{"lookups_total", "counter", "Lookup requests.", 0, {{"lookups", ""}}},
+	{"lookup_keys_total", "counter", "Chunk keys asked by lookups.", 0, {{"lookup_keys", ""}}},
+	{"lookup_hits_total", "counter", "Chunks found by lookups, by the tier that holds them.", 0,
+	 {{"hits_l1", "tier=\"l1\""}, {"hits_l2", "tier=\"l2\""}}},
+	{"lookup_misses_total", "counter", "Chunk keys asked by lookups and not counted as hits.", 0,
+	 {{"misses", ""}}},
+	{"lookup_pins_total", "counter", "L1 pins taken by lookups with pin_ms.", 0, {{"lookup_pins", ""}}},
+	{"l2_promotions_total", "counter", "Objects read from L2 into L1.", 0, {{"l2_promotions", ""}}},
+	{"l2_promotion_failures_total", "counter", "L2 to L1 promotions that failed.", 0,
+	 {{"l2_promotion_failures", ""}}},
+	{"l2_prefetches_total", "counter", "Promotions started by lookups with prefetch.", 0,
+	 {{"l2_prefetches", ""}}},
+	{"l1_capacity_bytes", "gauge", "Size of the L1 DRAM arena.", 0, {{"l1_capacity", ""}}},
+	{"l1_used_bytes", "gauge", "L1 bytes held by reserved and committed objects.", 0,
+	 {{"l1_bytes", ""}}},
+	{"l1_reserved_bytes", "gauge", "L1 bytes held by reserved (in-flight) objects.", 0,
+	 {{"l1_bytes_reserved", ""}}},
+	{"l1_objects", "gauge", "L1 objects by state.", 0,
+	 {{"l1_objects", "state=\"any\""}, {"l1_objects_reserved", "state=\"reserved\""}}},
+	{"l1_chunks", "gauge", "Chunks with at least one L1 object.", 0, {{"l1_chunks", ""}}},
+	{"l1_nospace_total", "counter", "L1 reservations refused for lack of evictable space.", 0,
+	 {{"l1_nospace", ""}}},
+	{"l1_metadata_bytes", "gauge", "Memory used by L1 metadata.", 0, {{"l1_meta_bytes", ""}}},
+	{"l1_prefaulted_bytes", "gauge", "L1 arena bytes faulted in at start-up so far.", 0,
+	 {{"l1_prefaulted_bytes", ""}}},
+	{"evictions_total", "counter", "Objects evicted to make room, by tier.", 0,
+	 {{"l1_evictions", "tier=\"l1\""}, {"l2_evictions", "tier=\"l2\""}}},
+	{"evicted_bytes_total", "counter", "Bytes evicted from L1 to make room.", 0,
+	 {{"l1_evicted_bytes", "tier=\"l1\""}}},
+	{"l2_enabled", "gauge", "1 if the persistent L2 tier is configured.", 0, {{"l2_enabled", ""}}},
+	{"l2_capacity_bytes", "gauge", "L2 capacity (LMDB map size).", 0, {{"l2_capacity", ""}}},
+	{"l2_used_bytes", "gauge", "L2 bytes held by objects and their headers.", 0, {{"l2_bytes", ""}}},
+	{"l2_objects", "gauge", "Objects in L2.", 0, {{"l2_objects", ""}}},
+	{"l2_writes_total", "counter", "Objects queued for writing to L2.", 0, {{"l2_writes", ""}}},
+	{"l2_writes_committed_total", "counter", "L2 writes committed to disk.", 0,
+	 {{"l2_writes_committed", ""}}},
+	{"l2_write_batches_total", "counter", "L2 group commits.", 0, {{"l2_write_batches", ""}}},
+	{"l2_write_drops_total", "counter", "Queued L2 writes dropped because the queue was full.", 0,
+	 {{"l2_write_drops", ""}}},
+	{"l2_write_errors_total", "counter", "L2 writes that failed.", 0, {{"l2_write_errors", ""}}},
+	{"l2_queue_depth", "gauge", "Writes waiting in the L2 queue.", 0, {{"l2_queue_depth", ""}}},
+	{"l2_queue_bytes", "gauge", "Bytes waiting in the L2 queue.", 0, {{"l2_queue_bytes", ""}}},
+	{"l2_reads_total", "counter", "Objects read from L2.", 0, {{"l2_reads", ""}}},
+	{"l2_read_misses_total", "counter", "L2 reads that found nothing usable.", 0,
+	 {{"l2_read_misses", ""}}},
+	{"l2_checksum_failures_total", "counter", "L2 objects whose checksum did not match (never served).",
+	 0, {{"l2_checksum_failures", ""}}},
+	{"l2_header_mismatches_total", "counter", "L2 objects made for another namespace or geometry.", 0,
+	 {{"l2_header_mismatches", ""}}},
+	{"l2_map_full_retries_total", "counter", "L2 commits retried after the map filled up.", 0,
+	 {{"l2_map_full_retries", ""}}},
+	{"broker_connections_total", "counter", "fd-broker connections, by outcome.", 0,
+	 {{"broker_accepted", "result=\"accepted\""}, {"broker_rejected", "result=\"rejected\""}}},
+	{"broker_fds_total", "counter", "fds received by the broker, by outcome.", 0,
+	 {{"broker_parked", "result=\"parked\""}, {"broker_expired", "result=\"expired\""}}},
+	{"parked_fds", "gauge", "fds parked by the broker, waiting for a register.", 0,
+	 {{"parked_fds", ""}}},
+	{"loop_busy_seconds_total", "counter", "Main-loop time spent handling events.", 1e-6,
+	 {{"loop_busy_us", ""}}},
+	{"cuda_available", "gauge", "1 if the CUDA copy engine is running.", 0, {{"cuda_available", ""}}},
+	{"cuda_devices", "gauge", "CUDA devices usable by the copy engine.", 0, {{"cuda_devices", ""}}},
+	{"cuda_tasks_total", "counter", "Copy tasks run by the CUDA engine.", 0, {{"cuda_tasks", ""}}},
+	{"cuda_kernel_launches_total", "counter", "Gather/scatter kernel launches.", 0,
+	 {{"cuda_kernel_launches", ""}}},
+	{"cuda_fallback_copies_total", "counter", "CUDA copies done without the kernel.", 0,
+	 {{"cuda_fallback_copies", ""}}},
+	{"cuda_errors_total", "counter", "CUDA errors (each failed a job part).", 0, {{"cuda_errors", ""}}},
+	{"cuda_pinned_bytes", "gauge", "L1 arena bytes registered with CUDA.", 0,
+	 {{"cuda_pinned_bytes", ""}}},
+	{"draining", "gauge", "1 while the server refuses new jobs (kvside-ctl drain).", 0,
+	 {{"draining", ""}}},
+};
+
+static const struct kvs_metrics_sample *find(const kvs_metrics_snap *s, const char *name)
+{
+	for (uint32_t i = 0; i < s->n; i++)
+		if (strcmp(s->s[i].name, name) == 0)
+			return &s->s[i];
+	return NULL;
+}
+
+/* Counters handled elsewhere, never exported under their generic name. */
+static bool special(const char *name)
+{
+	return strncmp(name, "errors.", 7) == 0 || strcmp(name, "requests") == 0 ||
+	       strcmp(name, "metrics_port") == 0;
+}
+
+char *kvs_metrics_format(const kvs_metrics_snap *snap, uint64_t age_ms, const char *version)
+{
+	sbuf b = {0};
+	bool used[KVS_METRICS_MAX_SAMPLES] = {false};
+	sb_printf(&b, "# HELP kvside_build_info Version of the running kvside-server.\n"
+		      "# TYPE kvside_build_info gauge\nkvside_build_info{version=\"%s\"} 1\n",
+		  version);
+	sb_printf(&b, "# HELP kvside_main_loop_tick_age_seconds Time since the main loop last "
+		      "published these numbers.\n# TYPE kvside_main_loop_tick_age_seconds gauge\n"
+		      "kvside_main_loop_tick_age_seconds %.3f\n", (double)age_ms / 1000.0);
+	sb_printf(&b, "# HELP kvside_requests_total Requests received, by op (unknown: unreadable op).\n"
+		      "# TYPE kvside_requests_total counter\n");
+	for (int op = 0; op < KVS_OP_COUNT_; op++) {
+		if (op == KVS_OP_JOB_DONE)
+			continue; /* a push, never a request */
+		sb_printf(&b, "kvside_requests_total{op=\"%s\"} %llu\n",
+			  op ? kvs_op_name((kvs_op)op) : "unknown", (unsigned long long)snap->requests[op]);
+	}
+	sb_printf(&b, "# HELP kvside_errors_total Error replies, by op and code (series appear at "
+		      "their first error).\n# TYPE kvside_errors_total counter\n");
+	for (int op = 0; op < KVS_OP_COUNT_; op++)
+		for (int e = 0; e < KVS_METRICS_NE; e++)
+			if (snap->errors[op][e])
+				sb_printf(&b, "kvside_errors_total{op=\"%s\",code=\"%s\"} %llu\n",
+					  op ? kvs_op_name((kvs_op)op) : "unknown",
+					  kvs_error_name(KVS_E_BASE + e),
+					  (unsigned long long)snap->errors[op][e]);
+	for (size_t f = 0; f < sizeof(families) / sizeof(families[0]); f++) {
+		const family *F = &families[f];
+		bool header = false;
+		for (int i = 0; i < 3 && F->smp[i].stat; i++) {
+			const struct kvs_metrics_sample *s = find(snap, F->smp[i].stat);
+			if (!s)
+				continue; /* not in this build (e.g. no CUDA) */
+			used[s - snap->s] = true;
+			if (!header) {
+				sb_printf(&b, "# HELP kvside_%s %s\n# TYPE kvside_%s %s\n", F->name, F->help,
+					  F->name, F->type);
+				header = true;
+			}
+			const char *lb = F->smp[i].labels;
+			if (F->scale)
+				sb_printf(&b, "kvside_%s%s%s%s %.6f\n", F->name, *lb ? "{" : "", lb,
+					  *lb ? "}" : "", (double)s->value * F->scale);
+			else
+				sb_printf(&b, "kvside_%s%s%s%s %llu\n", F->name, *lb ? "{" : "", lb,
+					  *lb ? "}" : "", (unsigned long long)s->value);
+		}
+	}
+	/* counters without a family of their own (added to `stats` later):
+	 * exported as untyped kvside_stat_<name> */
+	for (uint32_t i = 0; i < snap->n; i++) {
+		if (used[i] || special(snap->s[i].name))
+			continue;
+		char nm[64];
+		size_t k = 0;
+		for (const char *p = snap->s[i].name; *p && k < sizeof(nm) - 1; p++)
+			nm[k++] = ((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') ||
+				   (*p >= '0' && *p <= '9')) ? *p : '_';
+		nm[k] = '\0';
+		sb_printf(&b, "# HELP kvside_stat_%s The stats counter %s.\n# TYPE kvside_stat_%s untyped\n"
+			      "kvside_stat_%s %llu\n", nm, nm, nm, nm,
+			  (unsigned long long)snap->s[i].value);
+	}
+	if (b.oom) {
+		free(b.p);
+		return NULL;
+	}
+	return b.p;
+}
+
+/* ---- the HTTP thread ----------------------------------------------------------------- */
+
+static enum MHD_Result respond(struct MHD_Connection *conn, unsigned status, char *body,
+			       const char *ctype)
+{
+	struct MHD_Response *r = MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
+	if (!r) {
+		free(body);
+		return MHD_NO;
+	}
+	MHD_add_response_header(r, "Content-Type", ctype);
+	MHD_add_response_header(r, "Cache-Control", "no-store");
+	enum MHD_Result ret = MHD_queue_response(conn, status, r);
+	MHD_destroy_response(r);
+	return ret;
+}
+
+static enum MHD_Result text(struct MHD_Connection *conn, unsigned status, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+static enum MHD_Result text(struct MHD_Connection *conn, unsigned status, const char *fmt, ...)
+{
+	char *body = NULL;
+	va_list ap;
+	va_start(ap, fmt);
+	int n = vasprintf(&body, fmt, ap);
+	va_end(ap);
+	if (n < 0)
+		return MHD_NO;
+	return respond(conn, status, body, "text/plain; charset=utf-8");
+}
+
+/* Runs on the HTTP thread: reads only m->snap (under m->mu) and m->last_ms. */
+static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char *url,
+			      const char *method, const char *version, const char *upload,
+			      size_t *upload_size, void **req_cls)
+{
+	(void)version;
+	(void)upload;
+	kvs_metrics *m = cls;
+	if (*req_cls == NULL) { /* first call: headers only; answer on the next */
+		*req_cls = m;
+		return MHD_YES;
+	}
+	if (*upload_size) /* no request bodies here */
+		return MHD_NO;
+	if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0)
+		return text(conn, MHD_HTTP_METHOD_NOT_ALLOWED, "only GET and HEAD\n");
+	uint64_t now = kvs_now_ms(), last = atomic_load(&m->last_ms);
+	uint64_t age = now > last ? now - last : 0;
+	bool stalled = age > m->stall_ms;
+	if (strcmp(url, "/healthz") == 0 || strcmp(url, "/readyz") == 0) {
+		pthread_mutex_lock(&m->mu);
+		bool published = m->published, draining = m->snap.draining;
+		pthread_mutex_unlock(&m->mu);
+		if (!published)
+			return text(conn, MHD_HTTP_SERVICE_UNAVAILABLE, "starting\n");
+		if (stalled)
+			return text(conn, MHD_HTTP_SERVICE_UNAVAILABLE,
+				    "stalled: the main loop has not ticked for %llu ms (limit %llu ms)\n",
+				    (unsigned long long)age, (unsigned long long)m->stall_ms);
+		if (url[1] == 'r' && draining)
+			return text(conn, MHD_HTTP_SERVICE_UNAVAILABLE, "draining: new jobs are refused\n");
+		return text(conn, MHD_HTTP_OK, "ok\n");
+	}
+	if (strcmp(url, "/metrics") == 0) {
+		kvs_metrics_snap *s = malloc(sizeof(*s));
+		if (!s)
+			return MHD_NO;
+		pthread_mutex_lock(&m->mu);
+		memcpy(s, &m->snap, sizeof(*s));
+		pthread_mutex_unlock(&m->mu);
+		char *body = kvs_metrics_format(s, age, m->version);
+		free(s);
+		if (!body)
+			return MHD_NO;
+		return respond(conn, MHD_HTTP_OK, body, "text/plain; version=0.0.4; charset=utf-8");
+	}
+	if (strcmp(url, "/") == 0)
+		return text(conn, MHD_HTTP_OK, "kvside-server %s: /metrics /healthz /readyz\n", m->version);
+	return text(conn, MHD_HTTP_NOT_FOUND, "not found: %s (try /metrics, /healthz, /readyz)\n", url);
+}
+
+static void mhd_log(void *cls, const char *fmt, va_list ap)
+{
+	(void)cls;
+	char line[256];
+	vsnprintf(line, sizeof(line), fmt, ap);
+	line[strcspn(line, "\n")] = '\0';
+	kvs_warn("http: %s", line);
+}
+
+/* A listening TCP socket for "HOST:PORT"; the port it got in *ret_port. */
+static int listen_on(const char *spec, unsigned *ret_port)
+{
+	char host[128], port[8];
+	unsigned p;
+	if (kvs_config_hostport(spec, host, sizeof(host), &p) < 0)
+		return -EINVAL;
+	snprintf(port, sizeof(port), "%u", p);
+	struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+				 .ai_flags = AI_NUMERICSERV}, *res;
+	if (getaddrinfo(host, port, &hints, &res) != 0)
+		return -EINVAL;
+	int fd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd < 0) {
+		int e = -errno;
+		freeaddrinfo(res);
+		return e;
+	}
+	int one = 1;
+	setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+	if (res->ai_family == AF_INET6)
+		setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof(one));
+	if (bind(fd, res->ai_addr, res->ai_addrlen) < 0 || listen(fd, 64) < 0) {
+		int e = -errno;
+		close(fd);
+		freeaddrinfo(res);
+		return e;
+	}
+	freeaddrinfo(res);
+	struct sockaddr_storage ss;
+	socklen_t sl = sizeof(ss);
+	getsockname(fd, (struct sockaddr *)&ss, &sl);
+	*ret_port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+						   : ((struct sockaddr_in *)&ss)->sin_port);
+	return fd;
+}
+
+int kvs_metrics_start(const kvs_metrics_config *cfg, kvs_metrics **ret)
+{
+	kvs_metrics *m = calloc(1, sizeof(*m));
+	if (!m)
+		return -ENOMEM;
+	m->build = calloc(1, sizeof(*m->build));
+	if (!m->build) {
+		free(m);
+		return -ENOMEM;
+	}
+	m->stall_ms = cfg->stall_ms ? cfg->stall_ms : 2000;
+	snprintf(m->version, sizeof(m->version), "%s", cfg->version ? cfg->version : "?");
+	pthread_mutex_init(&m->mu, NULL);
+	atomic_init(&m->last_ms, 0);
+	int fd = listen_on(cfg->listen, &m->port);
+	if (fd < 0) {
+		pthread_mutex_destroy(&m->mu);
+		free(m->build);
+		free(m);
+		return fd;
+	}
+	/* one polling thread; a slow or stuck scraper costs one connection slot */
+	m->daemon = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_USE_ERROR_LOG,
+				     0, NULL, NULL, handle, m, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
+				     MHD_OPTION_LISTEN_SOCKET, fd, MHD_OPTION_CONNECTION_LIMIT, 16u,
+				     MHD_OPTION_CONNECTION_TIMEOUT, 10u, MHD_OPTION_END);
+	if (!m->daemon) {
+		close(fd);
+		pthread_mutex_destroy(&m->mu);
+		free(m->build);
+		free(m);
+		return -ENOMEM;
+	}
+	*ret = m;
+	return 0;
+}
+
+unsigned kvs_metrics_port(const kvs_metrics *m) { return m ? m->port : 0; }
+
+void kvs_metrics_publish(kvs_metrics *m, const kvs_metrics_snap *snap, uint64_t now_ms)
+{
+	pthread_mutex_lock(&m->mu);
+	memcpy(&m->snap, snap, sizeof(*snap));
+	m->published = true;
+	pthread_mutex_unlock(&m->mu);
+	atomic_store(&m->last_ms, now_ms);
+}
+
+void kvs_metrics_stop(kvs_metrics *m)
+{
+	if (!m)
+		return;
+	MHD_stop_daemon(m->daemon); /* joins the thread, closes the listening socket */
+	pthread_mutex_destroy(&m->mu);
+	free(m->build);
+	free(m);
+}
+
+/* ---- server glue ------------------------------------------------------------------------ */
+
+void kvs__metrics_init(kvs_server *srv)
+{
+	const char *spec = srv->cfg.metrics_listen;
+	if (!spec[0]) {
+		kvs_info("metrics endpoint off");
+		return;
+	}
+	kvs_metrics_config mc = {.listen = spec, .stall_ms = srv->cfg.metrics_stall_ms,
+				 .version = KVS_VERSION};
+	int r = kvs_metrics_start(&mc, &srv->metrics);
+	if (r < 0) {
+		kvs_err("metrics endpoint %s not started: %s; serving without /metrics and /healthz", spec,
+			kvs_strerror(r));
+		return;
+	}
+	kvs_info("metrics on http://%s (port %u): /metrics /healthz /readyz", spec,
+		 kvs_metrics_port(srv->metrics));
+	kvs__metrics_tick(srv); /* /healthz is green from the start */
+}
+
+static void add(kvs_metrics_snap *s, const char *name, uint64_t v)
+{
+	if (s->n >= KVS_METRICS_MAX_SAMPLES)
+		return;
+	snprintf(s->s[s->n].name, sizeof(s->s[s->n].name), "%s", name);
+	s->s[s->n++].value = v;
+}
+
+void kvs__metrics_tick(kvs_server *srv)
+{
+	kvs_metrics *m = srv->metrics;
+	if (!m)
+		return;
+	kvs_counter c[KVS_STATS_MAX];
+	char names[KVS_METRICS_NE][32];
+	uint32_t n = kvs__stats_collect(srv, c, names);
+	kvs_metrics_snap *s = m->build;
+	s->n = 0;
+	uint64_t all = 0, host = 0;
+	for (uint32_t i = 0; i < n; i++) {
+		char nm[48];
+		kvs_str_copy(nm, sizeof(nm), c[i].name);
+		add(s, nm, c[i].value);
+		if (strcmp(nm, "copy_bytes") == 0)
+			all = c[i].value;
+		else if (strcmp(nm, "copy_bytes_host") == 0)
+			host = c[i].value;
+	}
+	/* throughput over windows of at least a second */
+	uint64_t now = srv->now_ms;
+	if (!m->win_ms) {
+		m->win_ms = now, m->win_all = all, m->win_host = host;
+	} else if (now - m->win_ms >= 1000) {
+		uint64_t dt = now - m->win_ms;
+		m->bps_all = (all - m->win_all) * 1000 / dt;
+		m->bps_host = (host - m->win_host) * 1000 / dt;
+		m->win_ms = now, m->win_all = all, m->win_host = host;
+	}
+	add(s, "copy_bps_all", m->bps_all);
+	add(s, "copy_bps_host", m->bps_host);
+	memcpy(s->requests, srv->st.requests_by_op, sizeof(s->requests));
+	memcpy(s->errors, srv->st.errors_by_op, sizeof(s->errors));
+	s->draining = srv->draining;
+	kvs_metrics_publish(m, s, kvs_now_ms());
+}
+
+void kvs__metrics_fini(kvs_server *srv)
+{
+	kvs_metrics_stop(srv->metrics);
+	srv->metrics = NULL;
+}
+
+unsigned kvs__metrics_port(const kvs_server *srv) { return kvs_metrics_port(srv->metrics); }
