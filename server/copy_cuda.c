@@ -18,7 +18,7 @@
 #define MAX_DEV 16
 #define SLICE (1ull << 30)       /* L1 pinning granule */
 #define PIECE (256u << 10)       /* segments are split into pieces of this size: one CTA each */
-#define DESC_BUF 65536           /* bytes of one pooled descriptor buffer */
+#define DESC_BUF (4u << 20)      /* bytes of one pooled descriptor buffer (174k pieces) */
 #define THREADS 256
 
 extern const char kvs_ptx[]; /* generated from cuda/kernels.cu, or empty */
@@ -34,9 +34,10 @@ typedef struct desc_buf {
 	bool pooled;
 } desc_buf;
 
-/* What a task carries while in flight (owned by the engine until reaped). */
+/* A batch of tasks in flight (owned by the engine until reaped). */
 typedef struct inflight {
-	kvs_copy_task *task;
+	kvs_copy_task **tasks;
+	uint32_t n_tasks;
 	desc_buf *buf;
 	kvs_cuda_engine *e;
 	struct inflight *next;
@@ -359,17 +360,38 @@ static void put_buf(kvs_cuda_engine *e, desc_buf *b)
 	}
 }
 
-void kvs_cuda_submit(kvs_cuda_engine *e, kvs_cuda_stream *s, kvs_copy_task *t, const void *event, size_t event_len)
+void kvs_cuda_submit(kvs_cuda_engine *e, kvs_cuda_stream *s, kvs_copy_task **tasks, uint32_t nt,
+		     const void *event, size_t event_len)
 {
 	inflight *f = calloc(1, sizeof(*f));
-	e->st.tasks++;
+	kvs_copy_task **own = calloc(nt ? nt : 1, sizeof(*own));
+	e->st.tasks += nt;
 	CUresult r = CUDA_SUCCESS;
-	if (!f || use(e, s->dev) != 0) {
-		t->result = KVS_E_DEVICE;
-		goto fail_now;
+	if (!f || !own) {
+		free(f);
+		free(own);
+		/* no memory to track them: fail each one now */
+		for (uint32_t i = 0; i < nt; i++) {
+			inflight *g = calloc(1, sizeof(*g));
+			kvs_copy_task **one = calloc(1, sizeof(*one));
+			tasks[i]->result = KVS_E_INTERNAL;
+			if (!g || !one) {
+				free(g);
+				free(one);
+				continue; /* the job deadline aborts it */
+			}
+			one[0] = tasks[i];
+			*g = (inflight){.tasks = one, .n_tasks = 1, .e = e};
+			host_done(g);
+		}
+		return;
 	}
-	f->task = t;
-	f->e = e;
+	memcpy(own, tasks, nt * sizeof(*own));
+	*f = (inflight){.tasks = own, .n_tasks = nt, .e = e};
+	if (use(e, s->dev) != 0) {
+		r = CUDA_ERROR_INVALID_CONTEXT;
+		goto fail;
+	}
 	if (event && event_len == sizeof(CUipcEventHandle)) {
 		CUipcEventHandle h;
 		CUevent ev;
@@ -379,64 +401,61 @@ void kvs_cuda_submit(kvs_cuda_engine *e, kvs_cuda_stream *s, kvs_copy_task *t, c
 			goto fail;
 		CU(e, cuEventDestroy)(ev);
 	}
-	/* split into pieces; segments over unpinned L1 go by cuMemcpyAsync */
-	uint32_t n = 0;
+	/* every segment of every task, split into pieces: one kernel launch;
+	 * segments over L1 slices not pinned yet go by cuMemcpyAsync */
+	uint64_t n = 0;
 	bool all_zc = e->have_kernel;
-	for (uint32_t i = 0; i < t->n_segs; i++) {
-		n += (uint32_t)((t->segs[i].len + PIECE - 1) / PIECE);
-		if (!zero_copy_ok(e, (uintptr_t)t->segs[i].dst, t->segs[i].len) ||
-		    !zero_copy_ok(e, (uintptr_t)t->segs[i].src, t->segs[i].len))
-			all_zc = false;
-	}
-	if (all_zc && n) {
-		f->buf = get_buf(e, n);
+	for (uint32_t t = 0; t < nt; t++)
+		for (uint32_t i = 0; i < tasks[t]->n_segs; i++) {
+			const kvs_copy_seg *g = &tasks[t]->segs[i];
+			n += (g->len + PIECE - 1) / PIECE;
+			if (!zero_copy_ok(e, (uintptr_t)g->dst, g->len) || !zero_copy_ok(e, (uintptr_t)g->src, g->len))
+				all_zc = false;
+		}
+	if (all_zc && n && n <= UINT32_MAX) {
+		f->buf = get_buf(e, (uint32_t)n);
 		if (!f->buf) {
 			r = CUDA_ERROR_OUT_OF_MEMORY;
 			goto fail;
 		}
 		uint32_t k = 0;
-		for (uint32_t i = 0; i < t->n_segs; i++)
-			for (uint64_t off = 0; off < t->segs[i].len; off += PIECE) {
-				uint64_t len = t->segs[i].len - off < PIECE ? t->segs[i].len - off : PIECE;
-				f->buf->segs[k++] = (seg){(uintptr_t)t->segs[i].dst + off,
-							  (uintptr_t)t->segs[i].src + off, len};
+		for (uint32_t t = 0; t < nt; t++)
+			for (uint32_t i = 0; i < tasks[t]->n_segs; i++) {
+				const kvs_copy_seg *g = &tasks[t]->segs[i];
+				for (uint64_t off = 0; off < g->len; off += PIECE) {
+					uint64_t len = g->len - off < PIECE ? g->len - off : PIECE;
+					f->buf->segs[k++] = (seg){(uintptr_t)g->dst + off, (uintptr_t)g->src + off, len};
+				}
 			}
 		void *segp = f->buf->segs;
-		unsigned cnt = n;
+		unsigned cnt = (unsigned)n;
 		void *args[] = {&segp, &cnt};
-		unsigned grid = n < (unsigned)(8 * e->sms[s->dev]) ? n : (unsigned)(8 * e->sms[s->dev]);
+		unsigned grid = cnt < (unsigned)(8 * e->sms[s->dev]) ? cnt : (unsigned)(8 * e->sms[s->dev]);
 		if ((r = CU(e, cuLaunchKernel)(e->fn[s->dev], grid, 1, 1, THREADS, 1, 1, 0, s->s, args, NULL)) != CUDA_SUCCESS)
 			goto fail;
 		e->st.kernel_launches++;
 	} else {
-		for (uint32_t i = 0; i < t->n_segs; i++) {
-			if ((r = CU(e, cuMemcpyAsync)((CUdeviceptr)(uintptr_t)t->segs[i].dst,
-						      (CUdeviceptr)(uintptr_t)t->segs[i].src, t->segs[i].len, s->s)) !=
-			    CUDA_SUCCESS)
-				goto fail;
-			e->st.fallback_copies++;
-		}
+		for (uint32_t t = 0; t < nt; t++)
+			for (uint32_t i = 0; i < tasks[t]->n_segs; i++) {
+				const kvs_copy_seg *g = &tasks[t]->segs[i];
+				if ((r = CU(e, cuMemcpyAsync)((CUdeviceptr)(uintptr_t)g->dst, (CUdeviceptr)(uintptr_t)g->src,
+							      g->len, s->s)) != CUDA_SUCCESS)
+					goto fail;
+				e->st.fallback_copies++;
+			}
 	}
 	if ((r = CU(e, cuLaunchHostFunc)(s->s, host_done, f)) != CUDA_SUCCESS)
 		goto fail;
 	return;
 fail:
 	kvs_warn("copy failed: %s", kvs_cuda_strerror(r));
-	t->result = KVS_E_DEVICE;
-	/* nothing of this task will run after an enqueue failure that we can
-	 * count on; wait for what was queued before completing it */
+	for (uint32_t t = 0; t < nt; t++)
+		tasks[t]->result = KVS_E_DEVICE;
+	/* wait for what was queued before completing the batch */
 	CU(e, cuStreamSynchronize)(s->s);
 	put_buf(e, f->buf);
 	f->buf = NULL;
-fail_now:
 	e->st.errors++;
-	if (!f) {
-		f = calloc(1, sizeof(*f));
-		if (!f)
-			return; /* out of memory twice: the job deadline will abort it */
-		f->task = t;
-		f->e = e;
-	}
 	host_done(f);
 }
 
@@ -450,8 +469,11 @@ kvs_copy_task *kvs_cuda_reap(kvs_cuda_engine *e)
 	while (f) {
 		inflight *next = f->next;
 		put_buf(e, f->buf);
-		f->task->next = list;
-		list = f->task;
+		for (uint32_t i = 0; i < f->n_tasks; i++) {
+			f->tasks[i]->next = list;
+			list = f->tasks[i];
+		}
+		free(f->tasks);
 		free(f);
 		f = next;
 	}

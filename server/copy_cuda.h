@@ -42,10 +42,11 @@ int kvs_cuda_stream_create(kvs_cuda_engine *e, int device, kvs_cuda_stream **ret
 /* Synchronizes, then destroys. Accepts NULL. */
 void kvs_cuda_stream_destroy(kvs_cuda_engine *e, kvs_cuda_stream *s);
 
-/* Queues a copy task on stream s (after waiting for the producer event, if
- * given: a CUipcEventHandle). The task completes through kvs_cuda_reap. */
-void kvs_cuda_submit(kvs_cuda_engine *e, kvs_cuda_stream *s, kvs_copy_task *t, const void *event,
-		     size_t event_len);
+/* Queues n copy tasks on stream s as one kernel launch and one completion
+ * (after waiting for the producer event, if given: a CUipcEventHandle). The
+ * tasks complete together through kvs_cuda_reap. */
+void kvs_cuda_submit(kvs_cuda_engine *e, kvs_cuda_stream *s, kvs_copy_task **tasks, uint32_t n,
+		     const void *event, size_t event_len);
 kvs_copy_task *kvs_cuda_reap(kvs_cuda_engine *e);
 
 typedef struct kvs_cuda_stats {

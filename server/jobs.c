@@ -672,29 +672,32 @@ static kvs_promo *promo_start(kvs_server *srv, const kvs_objkey *key, uint64_t g
 	return pr;
 }
 
-/* Hands a task to the registration's copy engine: its CUDA stream for
- * device memory, the host pool for memfds. */
-static void engine_submit(kvs_server *srv, const kvs_reg *g, kvs_copy_task *t, const kvs_bytes *event)
+/* Hands a part's tasks to the registration's copy engine: one batch on its
+ * CUDA stream for device memory (one launch, one completion), the host pool
+ * for memfds. */
+static void engine_submit(kvs_server *srv, const kvs_reg *g, kvs_copy_task **tasks, uint32_t n,
+			  const kvs_bytes *event)
 {
 #if KVS_HAVE_CUDA
 	if (g->stream) {
-		kvs_cuda_submit(srv->cuda, g->stream, t, event ? event->ptr : NULL, event ? event->len : 0);
+		if (n)
+			kvs_cuda_submit(srv->cuda, g->stream, tasks, n, event ? event->ptr : NULL, event ? event->len : 0);
 		return;
 	}
 #endif
 	(void)g;
 	(void)event;
-	kvs_copy_pool_submit(srv->pool, t);
+	for (uint32_t i = 0; i < n; i++)
+		kvs_copy_pool_submit(srv->pool, tasks[i]);
 }
 
 static void part_submit(kvs_server *srv, kvs_part *p, kvs_copy_task **tasks, uint32_t n)
 {
 	p->copies_pending += n;
 	srv->jobs->st.retrieve_objects += n;
-	for (uint32_t i = 0; i < n; i++) {
+	for (uint32_t i = 0; i < n; i++)
 		tasks[i]->owner = p;
-		engine_submit(srv, p->reg, tasks[i], NULL);
-	}
+	engine_submit(srv, p->reg, tasks, n, NULL);
 }
 
 static void free_tasks(kvs_copy_task **tasks, uint32_t n)
@@ -994,11 +997,9 @@ static int op_part(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
 		J->retained += pl.retained;
 		p->copies_pending = pl.n_tasks;
 		J->st.store_objects += pl.n_tasks;
-		for (uint32_t i = 0; i < pl.n_tasks; i++) {
+		for (uint32_t i = 0; i < pl.n_tasks; i++)
 			pl.tasks[i]->owner = p;
-			/* the producer event is waited on before the first copy only */
-			engine_submit(srv, g, pl.tasks[i], i == 0 && rq->producer_event.len ? &rq->producer_event : NULL);
-		}
+		engine_submit(srv, g, pl.tasks, pl.n_tasks, rq->producer_event.len ? &rq->producer_event : NULL);
 		free(pl.tasks);
 		reply_state(srv, s, rq, KVS_JOB_OPEN);
 		return 0;
@@ -1483,4 +1484,13 @@ int kvs__op_job_status(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
 	kvs__reply(srv, s->ident, s->ident_len, &rep);
 	free(out);
 	return 0;
+}
+
+/* ---- drain support (admin.c) ------------------------------------------------------ */
+
+bool kvs_jobs_known(const kvs_jobs *J, const char *engine, uint64_t id)
+{
+	uint8_t key[JOBKEY_BYTES];
+	job_key(engine, id, key);
+	return kvs_htab_get(J->open, key) || kvs_htab_get(J->terminal, key);
 }

@@ -4,6 +4,7 @@
 #ifndef KVS_JOBS_H
 #define KVS_JOBS_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "server.h"
@@ -25,6 +26,9 @@ struct kvs_reg;
 void kvs_jobs_registered(kvs_server *srv, const struct kvs_reg *g);
 
 uint64_t kvs_jobs_open(const kvs_jobs *j);
+/* Is job id of this engine open, or remembered as terminal? (A draining
+ * server still serves the parts of jobs already started, and repeats.) */
+bool kvs_jobs_known(const kvs_jobs *j, const char *engine, uint64_t id);
 uint64_t kvs_jobs_retained(const kvs_jobs *j);
 
 typedef struct kvs_jobs_stats {

@@ -19,8 +19,9 @@
 #include "kvs_log.h"
 #include "kvs_time.h"
 #include "server.h"
-#include "ops.h"
+#include "admin.h"
 #include "metrics.h"
+#include "ops.h"
 
 void kvs_server_config_defaults(kvs_server_config *cfg)
 {
@@ -155,6 +156,7 @@ static const kvs_op_fn handlers[KVS_OP_COUNT_] = {
 	[KVS_OP_RETRIEVE] = kvs__op_retrieve,
 	[KVS_OP_COMPLETE] = kvs__op_complete,
 	[KVS_OP_JOB_STATUS] = kvs__op_job_status,
+	[KVS_OP_ADMIN] = kvs__op_admin,
 };
 
 static void dispatch(kvs_server *srv, const uint8_t *ident, size_t ident_len, const void *buf,
@@ -199,7 +201,7 @@ static void dispatch(kvs_server *srv, const uint8_t *ident, size_t ident_len, co
 		}
 		if (!handlers[rq.op])
 			r = kvs__fail(srv, KVS_E_UNKNOWN_OP, "op '%s' is not served", kvs_op_name(rq.op));
-		else
+		else if ((r = kvs__admin_gate(srv, s, &rq)) == 0) /* draining: no new jobs */
 			r = handlers[rq.op](srv, s, &rq);
 	}
 out:
@@ -349,6 +351,7 @@ void kvs_server_destroy(kvs_server *srv)
 	if (!srv)
 		return;
 	kvs__metrics_fini(srv);
+	kvs__admin_fini(srv);
 	/* close every session: fails open parts, releases registrations */
 	size_t pos = 0;
 	kvs_session *s;
@@ -376,6 +379,7 @@ static void tick(kvs_server *srv)
 	kvs__sessions_reap(srv);
 	kvs__broker_expire(srv);
 	kvs__ops_tick(srv);
+	kvs__admin_tick(srv);
 	kvs__metrics_tick(srv); /* publish counters + sign of life for /healthz */
 }
 

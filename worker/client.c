@@ -165,6 +165,7 @@ static void finish(kvs_client *c, req *r, const kvs_msg *rep, int code)
 		static _Thread_local kvs_job_info_out jobs[KVS_MAX_JOBS_QUERY];
 		static _Thread_local kvs_stat_out stats[KVS_MAX_COUNTERS];
 		kvs_result res = {.code = code, .msg = ""};
+		kvs_admin_info admin = {0};
 		char msgbuf[KVS_MAX_ERRMSG + 1];
 		if (rep && !rep->ok) {
 			kvs_str_copy(msgbuf, sizeof(msgbuf), rep->errmsg);
@@ -193,6 +194,13 @@ static void finish(kvs_client *c, req *r, const kvs_msg *rep, int code)
 			}
 			res.stats = stats;
 			res.n_stats = rep->n_counters;
+			if (rep->op == KVS_OP_ADMIN) {
+				admin = (kvs_admin_info){.cmd = rep->admin_cmd, .draining = rep->draining,
+							 .drained = rep->drained, .jobs_open = rep->jobs_open,
+							 .waited_ms = rep->waited_ms, .cleared_l1 = rep->cleared_l1,
+							 .cleared_l2 = rep->cleared_l2, .kept_l1 = rep->kept_l1};
+				res.admin = &admin;
+			}
 		}
 		r->done(&res, r->arg);
 	}
@@ -511,6 +519,7 @@ typedef struct waiter {
 	kvs_job_info_out *jobs_out;
 	kvs_stat_out *stats_out;
 	uint32_t cap, n_out;
+	kvs_admin_info *admin_out;
 } waiter;
 
 static void waiter_done(const kvs_result *res, void *arg)
@@ -523,6 +532,9 @@ static void waiter_done(const kvs_result *res, void *arg)
 	w->res.tiers = NULL;
 	w->res.jobs = NULL;
 	w->res.stats = NULL;
+	w->res.admin = NULL;
+	if (w->admin_out && res->admin)
+		*w->admin_out = *res->admin;
 	if (w->tiers_out && res->tiers)
 		memcpy(w->tiers_out, res->tiers, res->hits < w->tiers_cap ? res->hits : w->tiers_cap);
 	if (w->jobs_out) {
@@ -994,6 +1006,27 @@ uint64_t kvs_stat_find(const kvs_stat_out *st, uint32_t n, const char *name)
 		if (strcmp(st[i].name, name) == 0)
 			return st[i].value;
 	return UINT64_MAX;
+}
+
+int kvs_admin(kvs_client *c, int cmd, uint32_t wait_ms, int timeout_ms, kvs_admin_info *ret)
+{
+	if (cmd < KVS_ADMIN_STATUS || cmd > KVS_ADMIN_CLEAR || wait_ms > 3600000)
+		return -EINVAL;
+	kvs_msg m = {.op = KVS_OP_ADMIN, .session = atomic_load(&c->session), .admin_cmd = (uint8_t)cmd,
+		     .wait_ms = cmd == KVS_ADMIN_DRAIN ? wait_ms : 0};
+	kvs_admin_info info = {0};
+	waiter w = {.admin_out = &info};
+	int r = call(c, &m, timeout_ms, &w);
+	if (ret) {
+		if (r) {
+			const char *t = w.msg[0] ? w.msg : kvs_strerror(r);
+			size_t n = strnlen(t, sizeof(info.msg) - 1);
+			memcpy(info.msg, t, n);
+			info.msg[n] = '\0';
+		}
+		*ret = info;
+	}
+	return r;
 }
 
 int kvs_job_wait(kvs_client *c, uint64_t job, int timeout_ms, int *ret_state)

@@ -105,6 +105,19 @@ typedef struct kvs_stat_out {
 	uint64_t value;
 } kvs_stat_out;
 
+/** What an admin command reports (kvs_admin()). */
+typedef struct kvs_admin_info {
+	int cmd;             /**< enum kvs_admin_cmd, as answered */
+	bool draining;       /**< the server refuses new jobs */
+	bool drained;        /**< drain: no job was open when it answered */
+	uint64_t jobs_open;  /**< jobs open on the server, all engines */
+	uint64_t waited_ms;  /**< drain: how long the server waited */
+	uint64_t cleared_l1; /**< clear: objects dropped from L1 */
+	uint64_t cleared_l2; /**< clear: objects dropped from L2 */
+	uint64_t kept_l1;    /**< clear: L1 objects kept because pinned */
+	char msg[256];       /**< on failure: the server's text, or "" */
+} kvs_admin_info;
+
 /** What a completion callback receives. Pointers are borrowed: valid during
  * the callback only. Fields not belonging to the op are zero. */
 typedef struct kvs_result {
@@ -117,9 +130,11 @@ typedef struct kvs_result {
 	uint32_t n_jobs;
 	const kvs_stat_out *stats;
 	uint32_t n_stats;
+	const kvs_admin_info *admin; /**< admin replies, else NULL */
 } kvs_result;
 
 typedef void (*kvs_done_fn)(const kvs_result *res, void *arg);
+
 
 /* ---- registrations ------------------------------------------------------ */
 
@@ -248,6 +263,21 @@ int kvs_job_status(kvs_client *c, const uint64_t *jobs, uint32_t n_jobs, int tim
 int kvs_stats(kvs_client *c, int timeout_ms, kvs_stat_out *out, uint32_t cap, uint32_t *ret_n);
 /** Looks a counter up by name in a kvs_stats() result; UINT64_MAX if absent. */
 uint64_t kvs_stat_find(const kvs_stat_out *st, uint32_t n, const char *name);
+
+/** Runs an operator command (enum kvs_admin_cmd) on the server:
+ * - #KVS_ADMIN_STATUS: reports draining and jobs_open;
+ * - #KVS_ADMIN_DRAIN: the server refuses new jobs from now on (store and
+ *   retrieve parts of jobs it does not know get #KVS_E_BUSY; parts of jobs
+ *   already open still run) and answers once no job is open or after wait_ms
+ *   (0: at once); `drained` says which;
+ * - #KVS_ADMIN_RESUME: accept new jobs again;
+ * - #KVS_ADMIN_CLEAR: drop every L1 object not pinned and every L2 object.
+ * timeout_ms (0 = default) bounds the whole request: give it more than
+ * wait_ms. ret (may be NULL) gets the answer, or the server's text in
+ * ret->msg on failure.
+ * @return 0, #KVS_E_BUSY (clear while jobs are open or L2 writes queued),
+ * #KVS_E_TIMEOUT, #KVS_E_SESSION ... */
+int kvs_admin(kvs_client *c, int cmd, uint32_t wait_ms, int timeout_ms, kvs_admin_info *ret);
 
 /** Waits until a job_done for job has been received (the client remembers the
  * last 4096) and returns its state in *ret_state.
