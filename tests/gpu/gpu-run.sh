@@ -24,6 +24,17 @@ remote)
   rc=0
   timeout 500 build/tests/gpu/test_gpu > "$out/gpu-suite.log" 2>&1 || rc=$?
   echo "gpu suite: exit $rc"; tail -8 "$out/gpu-suite.log"
+  KVS_PRELOAD=$PWD/build/worker/libkvside-preload.so timeout 120 build/tests/gpu/test_preload \
+    > "$out/gpu-preload.log" 2>&1 || rc=$?
+  cat "$out/gpu-preload.log"
+  # the same through PyTorch's own allocator (expandable segments use cuMemCreate)
+  if python3 -c 'import torch' 2>/dev/null; then
+    PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout 120 python3 tests/gpu/torch_preload_check.py \
+      build/worker/libkvside.so >> "$out/gpu-preload.log" 2>&1
+    LD_PRELOAD=$PWD/build/worker/libkvside-preload.so PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True \
+      timeout 120 python3 tests/gpu/torch_preload_check.py build/worker/libkvside.so >> "$out/gpu-preload.log" 2>&1
+    tail -2 "$out/gpu-preload.log"
+  fi
   timeout 900 build/tests/bench/kvside-bench gpu ${BENCH_ARGS:-} > "$out/gpu-bench.md" 2> "$out/gpu-bench.err" || rc=$?
   cat "$out/gpu-bench.md"
   exit $rc
