@@ -75,6 +75,8 @@ typedef struct kvs_alloc_desc {
 	uint8_t token[KVS_TOKEN_BYTES];
 	uint8_t alloc_id[16];
 	uint64_t size;
+	kvs_bytes ipc_handle; /* cuda memory without a VMM handle (cudaMalloc): a
+	                       * 64-byte CUipcMemHandle instead of a broker fd */
 } kvs_alloc_desc;
 
 typedef struct kvs_group_desc {

@@ -44,6 +44,7 @@ typedef struct inflight {
 } inflight;
 
 struct kvs_cuda_map {
+	bool ipc; /* opened with cuIpcOpenMemHandle: closed, not unmapped */
 	int dev;
 	CUdeviceptr va;
 	size_t size;
@@ -262,12 +263,48 @@ err_close:
 	return KVS_E_DEVICE;
 }
 
+int kvs_cuda_import_ipc(kvs_cuda_engine *e, const uint8_t uuid[16], const uint8_t handle[64], uint64_t size,
+			kvs_cuda_map **ret, char *err, size_t errlen)
+{
+	int d = 0;
+	while (d < e->n_dev && memcmp(e->uuid[d].bytes, uuid, 16) != 0)
+		d++;
+	if (d == e->n_dev) {
+		snprintf(err, errlen, "no device with the registration's UUID on this server");
+		return KVS_E_DEVICE;
+	}
+	kvs_cuda_map *m = calloc(1, sizeof(*m));
+	if (!m) {
+		snprintf(err, errlen, "out of memory");
+		return KVS_E_INTERNAL;
+	}
+	CUipcMemHandle h;
+	memcpy(&h, handle, sizeof(h));
+	CUresult r = CUDA_ERROR_INVALID_CONTEXT;
+	if (use(e, d) != 0 ||
+	    (r = CU(e, cuIpcOpenMemHandle)(&m->va, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)) != CUDA_SUCCESS) {
+		snprintf(err, errlen, "cuIpcOpenMemHandle: %s", kvs_cuda_strerror(r));
+		free(m);
+		return KVS_E_DEVICE;
+	}
+	m->ipc = true;
+	m->dev = d;
+	m->size = size;
+	*ret = m;
+	return 0;
+}
+
 void kvs_cuda_unimport(kvs_cuda_engine *e, kvs_cuda_map *m)
 {
 	if (!m)
 		return;
 	use(e, m->dev);
 	CU(e, cuCtxSynchronize)();            /* the mapping's work is done */
+	if (m->ipc) {
+		CU(e, cuIpcCloseMemHandle)(m->va);
+		free(m);
+		return;
+	}
 	CU(e, cuMemUnmap)(m->va, m->size);    /* -> unmap */
 	CU(e, cuMemAddressFree)(m->va, m->size); /* -> free the range */
 	CU(e, cuMemRelease)(m->h);            /* -> release the handle */

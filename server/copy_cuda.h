@@ -32,6 +32,10 @@ int kvs_cuda_engine_devices(const kvs_cuda_engine *e);
  * whose UUID is uuid. 0 and *ret, or KVS_E_DEVICE with the reason in err. */
 int kvs_cuda_import(kvs_cuda_engine *e, const uint8_t uuid[16], int fd, uint64_t size,
 		    kvs_cuda_map **ret, char *err, size_t errlen);
+/* Opens a legacy CUDA IPC handle (memory without a VMM handle, e.g.
+ * cudaMalloc) of size bytes on the device whose UUID is uuid. */
+int kvs_cuda_import_ipc(kvs_cuda_engine *e, const uint8_t uuid[16], const uint8_t handle[64], uint64_t size,
+			kvs_cuda_map **ret, char *err, size_t errlen);
 /* Teardown in order: synchronize the device's work on it -> unmap -> free
  * the address range -> release the handle. Accepts NULL. */
 void kvs_cuda_unimport(kvs_cuda_engine *e, kvs_cuda_map *m);

@@ -245,6 +245,8 @@ int kvs__op_register(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
 	kvs_reg *g = NULL;
 	uint32_t i;
 	for (i = 0; i < n; i++) {
+		if (rq->device.type == KVS_DEV_CUDA && rq->allocs[i].ipc_handle.len)
+			continue; /* legacy CUDA IPC: the handle comes in the message */
 		claimed[i] = kvs__broker_claim(srv, rq->allocs[i].token);
 		if (!claimed[i]) {
 			r = kvs__fail(srv, KVS_E_AUTH, "allocations[%u]: token unknown, expired or already used", i);
@@ -281,9 +283,21 @@ int kvs__op_register(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
 				goto err_imports;
 			}
 			char why[160];
-			int fd = claimed[i]->fd;
-			claimed[i]->fd = -1; /* the import call closes it */
-			int e = kvs_cuda_import(srv->cuda, rq->device.uuid, fd, rq->allocs[i].size, &imp->cmap, why, sizeof(why));
+			int e;
+			if (rq->allocs[i].ipc_handle.len) {
+				if (rq->allocs[i].ipc_handle.len != 64) {
+					free(imp);
+					r = kvs__fail(srv, KVS_E_BADMSG, "allocations[%u]: ipc_handle must be 64 bytes", i);
+					goto err_imports;
+				}
+				e = kvs_cuda_import_ipc(srv->cuda, rq->device.uuid, rq->allocs[i].ipc_handle.ptr,
+							rq->allocs[i].size, &imp->cmap, why, sizeof(why));
+			} else {
+				int fd = claimed[i]->fd;
+				claimed[i]->fd = -1; /* the import call closes it */
+				e = kvs_cuda_import(srv->cuda, rq->device.uuid, fd, rq->allocs[i].size, &imp->cmap, why,
+						    sizeof(why));
+			}
 			if (e) {
 				free(imp);
 				r = kvs__fail(srv, e, "allocations[%u]: %s", i, why);
@@ -474,7 +488,7 @@ err_imports:
 	/* release exactly what this attempt acquired, newest first */
 	while (i-- > 0)
 		if (imps[i]) {
-			if (fresh[i])
+			if (fresh[i] && claimed[i])
 				claimed[i]->fd = -1; /* closed by import_unref */
 			import_unref(R, imps[i]);
 		}

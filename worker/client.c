@@ -24,6 +24,8 @@
 #include "kvs_time.h"
 #include "kvside.h"
 
+int kvs__cuda_ipc_handle(const uint8_t alloc_id[16], uint8_t out[64]); /* cuda.c */
+
 #define JOB_RING 4096
 #define BROKER_TIMEOUT_MS 2000
 
@@ -48,6 +50,7 @@ typedef struct req {
 
 /* A registration the client keeps so it can restore it after a restart. */
 typedef struct creg {
+	uint8_t (*ipc)[64]; /* per allocation: legacy CUDA IPC handle (fd < 0) */
 	uint64_t handle;    /* stable, returned to the application */
 	uint64_t server_id; /* current id on the server (0 while being restored) */
 	int device_type;
@@ -229,6 +232,9 @@ static int encode_register(kvs_client *c, creg *g, uint8_t (*tokens)[16], kvs_ms
 		memcpy(ad[i].token, tokens[i], 16);
 		memcpy(ad[i].alloc_id, g->allocs[i].alloc_id, 16);
 		ad[i].size = g->allocs[i].size;
+		ad[i].ipc_handle = (kvs_bytes){NULL, 0};
+		if (g->allocs[i].fd < 0 && g->ipc)
+			ad[i].ipc_handle = (kvs_bytes){g->ipc[i], 64};
 	}
 	for (uint32_t i = 0; i < g->n_groups; i++)
 		gd[i] = (kvs_group_desc){g->groups[i].id, (uint8_t)g->groups[i].kind,
@@ -253,6 +259,8 @@ static int broker_push(kvs_client *c, creg *g, uint8_t (*tokens)[16])
 	for (uint32_t i = 0; i < g->n_allocs; i++) {
 		kvs_broker_req br;
 		randombytes_buf(tokens[i], 16);
+		if (g->allocs[i].fd < 0)
+			continue; /* legacy CUDA IPC: no fd to pass */
 		memcpy(br.token, tokens[i], 16);
 		memcpy(br.alloc_id, g->allocs[i].alloc_id, 16);
 		br.size = g->allocs[i].size;
@@ -683,7 +691,9 @@ err_free:
 static void creg_free(creg *g)
 {
 	for (uint32_t i = 0; i < g->n_allocs; i++)
-		close(g->allocs[i].fd);
+		if (g->allocs[i].fd >= 0)
+			close(g->allocs[i].fd);
+	free(g->ipc);
 	free(g->allocs);
 	free(g->groups);
 	free(g->layers);
@@ -764,6 +774,19 @@ int kvs_register(kvs_client *c, const kvs_registration_desc *d, int timeout_ms, 
 	memcpy(g->uuid, d->device_uuid, 16);
 	for (uint32_t i = 0; i < d->n_allocs; i++) {
 		g->allocs[i] = d->allocs[i];
+		if (d->allocs[i].fd < 0 && d->device_type == KVS_DEV_CUDA) {
+			/* legacy CUDA IPC: the handle kvs_cuda_export recorded */
+			if (!g->ipc && !(g->ipc = calloc(d->n_allocs, 64))) {
+				g->n_allocs = i;
+				goto err;
+			}
+			if (kvs__cuda_ipc_handle(d->allocs[i].alloc_id, g->ipc[i]) != 0) {
+				r = -EBADF;
+				g->n_allocs = i;
+				goto err;
+			}
+			continue;
+		}
 		g->allocs[i].fd = fcntl(d->allocs[i].fd, F_DUPFD_CLOEXEC, 3);
 		if (g->allocs[i].fd < 0) {
 			r = -errno;

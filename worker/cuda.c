@@ -20,6 +20,8 @@ typedef struct rec {
 	size_t size;
 	CUmemGenericAllocationHandle h; /* 0 for export-only records */
 	bool ours;
+	bool has_ipc; /* legacy memory: exported as a CUDA IPC handle */
+	uint8_t ipc[64];
 	uint8_t alloc_id[16];
 	struct rec *next;
 } rec;
@@ -121,13 +123,20 @@ int kvs_cuda_export(const void *dptr, kvs_alloc *ret_alloc, uint64_t *ret_base)
 	if (cu->cuMemGetAddressRange(&base, &size, (CUdeviceptr)(uintptr_t)dptr) != CUDA_SUCCESS)
 		return KVS_E_DEVICE;
 	CUmemGenericAllocationHandle h;
-	if (cu->cuMemRetainAllocationHandle(&h, (void *)(uintptr_t)base) != CUDA_SUCCESS)
-		return -ENOTSUP; /* not a VMM allocation (cudaMalloc): legacy IPC is not supported */
 	int fd = -1;
-	CUresult r = cu->cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
-	cu->cuMemRelease(h); /* drop the retain; the allocation lives on */
-	if (r != CUDA_SUCCESS)
-		return KVS_E_DEVICE; /* allocated without the POSIX-fd handle type */
+	CUipcMemHandle ipc;
+	bool legacy = false;
+	if (cu->cuMemRetainAllocationHandle(&h, (void *)(uintptr_t)base) != CUDA_SUCCESS) {
+		/* not a VMM allocation (cudaMalloc): legacy CUDA IPC instead */
+		if (cu->cuIpcGetMemHandle(&ipc, base) != CUDA_SUCCESS)
+			return KVS_E_DEVICE;
+		legacy = true;
+	} else {
+		CUresult r = cu->cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+		cu->cuMemRelease(h); /* drop the retain; the allocation lives on */
+		if (r != CUDA_SUCCESS)
+			return KVS_E_DEVICE; /* allocated without the POSIX-fd handle type */
+	}
 	pthread_mutex_lock(&mu);
 	rec *x = recs;
 	while (x && x->base != base)
@@ -139,17 +148,37 @@ int kvs_cuda_export(const void *dptr, kvs_alloc *ret_alloc, uint64_t *ret_base)
 		x->next = recs;
 		recs = x;
 	}
-	if (x)
+	if (x) {
 		memcpy(ret_alloc->alloc_id, x->alloc_id, 16);
+		if (legacy) {
+			memcpy(x->ipc, &ipc, sizeof(ipc));
+			x->has_ipc = true;
+		}
+	}
 	pthread_mutex_unlock(&mu);
 	if (!x) {
-		close(fd);
+		if (fd >= 0)
+			close(fd);
 		return -ENOMEM;
 	}
 	ret_alloc->fd = fd;
 	ret_alloc->size = size;
 	*ret_base = base;
 	return 0;
+}
+
+int kvs__cuda_ipc_handle(const uint8_t alloc_id[16], uint8_t out[64])
+{
+	int rc = -ENOENT;
+	pthread_mutex_lock(&mu);
+	for (rec *x = recs; x; x = x->next)
+		if (x->has_ipc && memcmp(x->alloc_id, alloc_id, 16) == 0) {
+			memcpy(out, x->ipc, 64);
+			rc = 0;
+			break;
+		}
+	pthread_mutex_unlock(&mu);
+	return rc;
 }
 
 int kvs_cuda_device_uuid(int device, uint8_t out[16])
@@ -176,5 +205,6 @@ int kvs_cuda_export(const void *dptr, kvs_alloc *ret_alloc, uint64_t *ret_base)
 	return -ENODEV;
 }
 int kvs_cuda_device_uuid(int device, uint8_t out[16]) { (void)device, (void)out; return -ENODEV; }
+int kvs__cuda_ipc_handle(const uint8_t alloc_id[16], uint8_t out[64]) { (void)alloc_id, (void)out; return -ENOENT; }
 
 #endif

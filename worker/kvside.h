@@ -208,8 +208,10 @@ void kvs_cuda_free(void *ptr, size_t size, int device, void *stream);
  * POSIX fd for kvs_register(): fills *ret_alloc (fd: a new descriptor the
  * caller closes after kvs_register, size, alloc_id: stable for this
  * allocation within this process) and *ret_base (the allocation's start, to
- * compute layer offsets). Memory without a VMM handle (cudaMalloc) is not
- * supported: -ENOTSUP. @return 0, -ENODEV (no CUDA), or KVS_E_DEVICE. */
+ * compute layer offsets). Memory without a VMM handle (cudaMalloc) is
+ * exported as a legacy CUDA IPC handle instead: then ret_alloc->fd is -1 and
+ * kvs_register sends the handle in the message (no broker fd).
+ * @return 0, -ENODEV (no CUDA), or KVS_E_DEVICE. */
 int kvs_cuda_export(const void *dptr, kvs_alloc *ret_alloc, uint64_t *ret_base);
 
 /** The 16-byte UUID of a CUDA device (for kvs_registration_desc.device_uuid). */

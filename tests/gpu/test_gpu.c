@@ -158,12 +158,28 @@ static uint64_t verify(rk *r, const cmd *c)
 	return diff;
 }
 
+/* legacy: the rank's KV memory comes from cuMemAlloc (no VMM handle, as
+ * cudaMalloc): it is registered through a CUDA IPC handle, not an fd */
+static bool legacy;
+static const char *engine = "G";
+static uint32_t world = W;
+
 static void rank_main(kvt_server *s, uint32_t rank, int cfd, int rfd)
 {
 	rk r = {.rank = rank};
 	res out = {0};
-	r.c = kvt_client(s, "G", KVS_ROLE_WORKER, rank, W, NULL, NULL);
-	r.dev = kvs_cuda_alloc(ALLOC, 0, NULL);
+	r.c = kvt_client(s, engine, KVS_ROLE_WORKER, rank, world, NULL, NULL);
+	if (legacy) {
+		const kvs_cuda_api *cu = kvs_cuda();
+		CUdevice d;
+		CUcontext ctx;
+		CUdeviceptr p = 0;
+		if (cu->ok && cu->cuDeviceGet(&d, 0) == CUDA_SUCCESS && cu->cuDevicePrimaryCtxRetain(&ctx, d) == CUDA_SUCCESS &&
+		    cu->cuCtxSetCurrent(ctx) == CUDA_SUCCESS && cu->cuMemAlloc(&p, ALLOC) == CUDA_SUCCESS)
+			r.dev = (uint8_t *)(uintptr_t)p;
+	} else {
+		r.dev = kvs_cuda_alloc(ALLOC, 0, NULL);
+	}
 	r.orig = malloc(ALLOC);
 	if (!r.c || !r.dev || !r.orig) {
 		out.code = -1;
@@ -191,7 +207,8 @@ static void rank_main(kvt_server *s, uint32_t rank, int cfd, int rfd)
 		case C_STATE: out.value = kvs_client_reconnects(r.c); break;
 		case C_EXIT:
 			kvs_client_close(r.c);
-			kvs_cuda_free(r.dev, ALLOC, 0, NULL);
+			if (!legacy)
+				kvs_cuda_free(r.dev, ALLOC, 0, NULL);
 			_exit(0);
 		}
 		if (write(rfd, &out, sizeof(out)) != sizeof(out))
@@ -349,6 +366,26 @@ int main(void)
 		CHECK(r.value == 0, "rank %d: %llu blocks differ after the L2 retrieve", i, (unsigned long long)r.value);
 	}
 	printf("restart: lookup hits %llu from L2, retrieve into GPU committed\n", (unsigned long long)hits);
+
+	/* memory without a VMM handle (cuMemAlloc, like cudaMalloc): legacy IPC */
+	legacy = true;
+	engine = "L";
+	world = 1;
+	kvs_client *lsc = kvt_client(&s, "L", KVS_ROLE_SCHEDULER, 0, 1, NULL, NULL);
+	prank lp;
+	CHECK(start_rank(&lp, &s, 0) == 0, "legacy rank did not register");
+	do1(&lp, (cmd){.op = C_STORE, .job = 100, .n = 16, .src = 0});
+	res lr = do1(&lp, (cmd){.op = C_COMPLETE, .job = 100, .ok = 1});
+	CHECK(lr.code == 0 && wait_job(lsc, 100) == KVS_JOB_COMMITTED, "legacy store");
+	do1(&lp, (cmd){.op = C_RETRIEVE, .job = 101, .n = 16, .dst = 512});
+	do1(&lp, (cmd){.op = C_COMPLETE, .job = 101, .ok = 1});
+	CHECK(wait_job(lsc, 101) == KVS_JOB_COMMITTED, "legacy retrieve");
+	lr = do1(&lp, (cmd){.op = C_VERIFY, .n = 16, .src = 0, .dst = 512});
+	CHECK(lr.value == 0, "legacy memory: %llu words differ", (unsigned long long)lr.value);
+	printf("cuMemAlloc'd (legacy, CUDA IPC) memory: store -> retrieve byte-exact, rest untouched\n");
+	do1(&lp, (cmd){.op = C_EXIT});
+	waitpid(lp.pid, NULL, 0);
+	kvs_client_close(lsc);
 	for (int i = 0; i < W; i++)
 		do1(&p[i], (cmd){.op = C_EXIT});
 	for (int i = 0; i < W; i++)
