@@ -229,6 +229,7 @@ uint32_t kvs__stats_collect(kvs_server *srv, kvs_counter *c, char (*names)[32])
 	C("cuda_tasks", cs.tasks);
 	C("cuda_kernel_launches", cs.kernel_launches);
 	C("cuda_fallback_copies", cs.fallback_copies);
+	C("cuda_dma_copies", cs.dma_copies);
 	C("cuda_errors", cs.errors);
 	C("cuda_pinned_bytes", cs.pinned_bytes);
 #else

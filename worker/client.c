@@ -303,7 +303,8 @@ static void on_rehello(kvs_client *c, req *r, const kvs_msg *rep, int code)
 		/* server still away or refusing: try again at the next heartbeat */
 		c->reopening = false;
 		c->have_epoch = false;
-		kvs_warn("re-opening session failed: %s", kvs_strerror(code));
+		if (code != -ECANCELED) /* closing: not worth a warning */
+			kvs_warn("re-opening session failed: %s", kvs_strerror(code));
 		return;
 	}
 	atomic_store(&c->session, rep->session);
