@@ -733,11 +733,15 @@ int kvs_proto_decode(const void *buf, size_t len, bool is_reply, kvs_msg *msg, k
 	memset(err, 0, sizeof(*err));
 	if (len > KVS_MAX_MSG_BYTES) {
 		peek_envelope(buf, len, err);
+		if (!is_reply && err->op == KVS_OP_JOB_DONE)
+			err->op = KVS_OP_NONE;
 		return fail(err, KVS_E_LIMIT, "message of %zu bytes exceeds %u", len, KVS_MAX_MSG_BYTES);
 	}
 	int r = prescan(buf, len, err);
 	if (r) {
 		peek_envelope(buf, len, err);
+		if (!is_reply && err->op == KVS_OP_JOB_DONE)
+			err->op = KVS_OP_NONE;
 		return r;
 	}
 	msgpack_zone *z = msgpack_zone_new(MSGPACK_ZONE_CHUNK_SIZE);
@@ -763,6 +767,8 @@ int kvs_proto_decode(const void *buf, size_t len, bool is_reply, kvs_msg *msg, k
 		msg->id = err->id;
 	if (o_op && o_op->type == MSGPACK_OBJECT_STR)
 		err->op = kvs_op_from_name(o_op->via.str.ptr, o_op->via.str.size);
+	if (!is_reply && err->op == KVS_OP_JOB_DONE)
+		err->op = KVS_OP_NONE; /* an error reply must never read as a push */
 	if (dups) {
 		r = BAD("duplicate envelope key");
 		goto out_err;

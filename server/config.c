@@ -14,6 +14,7 @@
 
 #include "kvs_l2.h"
 #include "kvs_log.h"
+#include "server.h"
 
 #define F(field) offsetof(kvs_server_config, field)
 #define STRF(field) F(field), sizeof(((kvs_server_config *)0)->field)
@@ -67,6 +68,8 @@ _Static_assert(KVS_L2_SYNC_FULL == 0 && KVS_L2_SYNC_NOMETA == 1 && KVS_L2_SYNC_N
 	       "sync_names follows enum kvs_l2_sync");
 
 const kvs_config_key *kvs_config_keys(void) { return keys; }
+
+kvs_server_config *kvs_config_new(void) { return calloc(1, sizeof(kvs_server_config)); }
 
 const kvs_config_key *kvs_config_find(const char *name)
 {

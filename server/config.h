@@ -9,7 +9,8 @@
 #include <stddef.h>
 #include <stdio.h>
 
-#include "server.h"
+/* defined in server.h; tools that only read a file need not see it */
+typedef struct kvs_server_config kvs_server_config;
 
 /* Value kinds of the settings. */
 enum kvs_config_type {
@@ -38,6 +39,10 @@ typedef struct kvs_config_key {
 const kvs_config_key *kvs_config_keys(void);
 /* The setting of this name ("l1-size" or "l1_size"), or NULL. */
 const kvs_config_key *kvs_config_find(const char *name);
+
+/* A zeroed configuration on the heap, for tools that only read a file and
+ * query it with kvs_config_format(); free() it. NULL if out of memory. */
+kvs_server_config *kvs_config_new(void);
 
 /* Sets one setting from its text. Returns 0, or -ENOENT (no such setting)
  * or -EINVAL (bad value) with a message naming the setting in err (always

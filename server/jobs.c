@@ -575,7 +575,8 @@ static int plan_store(kvs_server *srv, kvs_session *s, const kvs_reg *g, const k
 					srv->jobs->stage_nonce = 1;
 				key.pad = srv->jobs->stage_nonce;
 				r = kvs_l1_reserve(srv->l1, &key, G->obj_bytes, &o);
-				srv->jobs->st.store_staged++;
+				if (r == 0)
+					srv->jobs->st.store_staged++;
 			}
 			if (r) {
 				free(uniq);
@@ -766,8 +767,15 @@ static void promo_done(kvs_server *srv, kvs_promo *pr, int result)
 static int locate(kvs_server *srv, const kvs_objkey *key, uint64_t geom, uint64_t want_len, kvs_l1_obj **ret_l1)
 {
 	*ret_l1 = kvs_l1_get(srv->l1, key);
-	if (*ret_l1)
+	if (*ret_l1) {
+		/* an object of another layout (the namespace re-registered with a
+		 * different geometry) is never copied from: a miss */
+		if (kvs_l1_len(*ret_l1) != want_len) {
+			*ret_l1 = NULL;
+			return KVS_E_MISS;
+		}
 		return 0;
+	}
 	if (kvs_htab_get(srv->jobs->promos, key))
 		return 0; /* being promoted right now */
 	uint64_t len = 0;
@@ -866,6 +874,10 @@ static int plan_retrieve(kvs_server *srv, kvs_session *s, const kvs_reg *g, cons
 			obj_key(&key, ns, s->world, s->rank, G->desc.id, rq->keys + (size_t)k * KVS_KEY_BYTES);
 			kvs_l1_obj *o = kvs_l1_get(srv->l1, &key);
 			const uint8_t *src;
+			if (o && kvs_l1_len(o) != G->obj_bytes) {
+				p->fail_code = KVS_E_MISS; /* checked in pass 1; defensive */
+				break;
+			}
 			if (o) {
 				kvs_l1_pin(srv->l1, o);
 				kvs_l1_touch(srv->l1, o);

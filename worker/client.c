@@ -83,6 +83,7 @@ struct kvs_client {
 	atomic_uint_fast64_t next_id;
 	atomic_uint_fast64_t session;
 	atomic_uint_fast64_t reconnects;
+	atomic_bool closing; /* kvs_client_close began: no heartbeats, no re-open */
 
 	/* registrations: guarded by reg_mu */
 	pthread_mutex_t reg_mu;
@@ -341,7 +342,8 @@ static void on_rehello(kvs_client *c, req *r, const kvs_msg *rep, int code)
 
 static void start_reopen(kvs_client *c, const char *why)
 {
-	if (c->reopening)
+	/* a heartbeat answered E_SESSION after our own bye is no restart */
+	if (c->reopening || atomic_load(&c->closing))
 		return;
 	kvs_info("server %s: re-opening session", why);
 	c->reopening = true;
@@ -446,7 +448,7 @@ static void expire(kvs_client *c, uint64_t now)
 
 static void heartbeat(kvs_client *c, uint64_t now)
 {
-	if (now < c->next_hb_ms || !atomic_load(&c->session))
+	if (now < c->next_hb_ms || !atomic_load(&c->session) || atomic_load(&c->closing))
 		return;
 	c->next_hb_ms = now + (c->hb_ms ? c->hb_ms : 1000);
 	if (c->reopening)
@@ -626,6 +628,7 @@ int kvs_client_open(const kvs_client_config *cfg, kvs_client **ret)
 	atomic_init(&c->next_id, 1);
 	atomic_init(&c->session, 0);
 	atomic_init(&c->reconnects, 0);
+	atomic_init(&c->closing, false);
 	c->next_handle = 1;
 	pthread_mutex_init(&c->mu, NULL);
 	pthread_mutex_init(&c->reg_mu, NULL);
@@ -705,6 +708,7 @@ void kvs_client_close(kvs_client *c)
 {
 	if (!c)
 		return;
+	atomic_store(&c->closing, true);
 	if (c->thr_started && atomic_load(&c->session)) {
 		kvs_msg m = {.op = KVS_OP_BYE, .session = atomic_load(&c->session)};
 		waiter w = {0};

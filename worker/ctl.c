@@ -345,24 +345,30 @@ int main(int argc, char **argv)
 	};
 	const char *broker = NULL, *endpoint = NULL, *ns = "kvside-ctl", *engine = "kvside-ctl";
 	const char *tokens_arg = NULL, *tokens_file = NULL;
-	static kvs_server_config scfg; /* only broker_dir and listen are used */
+	static char cfg_broker[600], cfg_listen[600]; /* from --config */
 	uint64_t world = 1, chunk = 256, wait_ms = 30000, timeout = 5000;
 	int c;
 	char err[512];
-	while ((c = getopt_long(argc, argv, "+", opts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
 		switch (c) {
 		case O_BROKER: broker = optarg; break;
 		case O_ENDPOINT: endpoint = optarg; break;
-		case O_CONFIG:
-			if (kvs_config_load(&scfg, optarg, err, sizeof(err)) < 0) {
-				fprintf(stderr, "kvside-ctl: %s\n", err);
+		case O_CONFIG: {
+			kvs_server_config *sc = kvs_config_new();
+			if (!sc || kvs_config_load(sc, optarg, err, sizeof(err)) < 0) {
+				fprintf(stderr, "kvside-ctl: %s\n", sc ? err : "out of memory");
+				free(sc);
 				return EXIT_USAGE;
 			}
-			if (scfg.broker_dir[0] && !broker)
-				broker = scfg.broker_dir;
-			if (scfg.listen[0] && !endpoint)
-				endpoint = scfg.listen;
+			kvs_config_format(sc, kvs_config_find("broker-dir"), cfg_broker, sizeof(cfg_broker));
+			kvs_config_format(sc, kvs_config_find("listen"), cfg_listen, sizeof(cfg_listen));
+			free(sc);
+			if (cfg_broker[0] && !broker)
+				broker = cfg_broker;
+			if (cfg_listen[0] && !endpoint)
+				endpoint = cfg_listen;
 			break;
+		}
 		case O_NS: ns = optarg; break;
 		case O_ENGINE: engine = optarg; break;
 		case O_WORLD:

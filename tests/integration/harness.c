@@ -55,6 +55,9 @@ int kvt_server_start(kvt_server *s)
 		argv[n++] = (char *)exe;
 		argv[n++] = "--broker-dir";
 		argv[n++] = s->run;
+		/* each server its own metrics port (tests may override) */
+		argv[n++] = "--metrics-listen";
+		argv[n++] = "127.0.0.1:0";
 		for (int i = 0; i < s->n_extra; i++)
 			argv[n++] = s->extra[i];
 		if (!getenv("KVT_VERBOSE")) {

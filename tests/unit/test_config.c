@@ -15,6 +15,7 @@
 #include "config.h"
 #include "kvs_l2.h"
 #include "kvs_log.h"
+#include "server.h"
 
 static char tmpdir[64];
 
