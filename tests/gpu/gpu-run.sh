@@ -3,9 +3,13 @@
 #   tests/gpu/gpu-run.sh local    build here and bundle the run-time libraries
 #                                 (../shared/tools/gpu-bundle) into .gpu-bundle
 #   tests/gpu/gpu-run.sh remote   on the GPU machine (carry build and .gpu-bundle):
-#                                 run the GPU suite and `kvside-bench gpu`, logs in
-#                                 ${OUT:-gpu-logs}/ (nvidia-smi.txt, gpu-suite.log,
+#                                 run the GPU suite, the preload tests and
+#                                 `kvside-bench gpu`, logs in ${OUT:-gpu-logs}/
+#                                 (nvidia-smi.txt, gpu-suite.log, gpu-preload.log,
 #                                 gpu-bench.md, gpu-bench.err)
+#   tests/gpu/gpu-run.sh remote-cpu   the other bench modes on the same machine
+#                                 (cpu-bench.md, cpu-bench.err); a separate call
+#                                 keeps each under the device's 10-minute limit
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 case "${1:-}" in
@@ -13,6 +17,10 @@ local)
   [ -d build ] || meson setup build >/dev/null
   ninja -C build || exit 1
   ../shared/tools/gpu-bundle
+  # the trace travels with the tree (../shared does not)
+  cp ../shared/data/synthetic_trace.jsonl tests/gpu/synthetic_trace.jsonl
+  grep -qx '/tests/gpu/synthetic_trace.jsonl' .git/info/exclude 2>/dev/null ||
+    echo '/tests/gpu/synthetic_trace.jsonl' >> .git/info/exclude
   ;;
 remote)
   export LD_LIBRARY_PATH=$PWD/.gpu-bundle/lib:${LD_LIBRARY_PATH:-}
@@ -39,8 +47,19 @@ remote)
   cat "$out/gpu-bench.md"
   exit $rc
   ;;
+remote-cpu)
+  export LD_LIBRARY_PATH=$PWD/.gpu-bundle/lib:${LD_LIBRARY_PATH:-}
+  export KVS_SERVER=$PWD/build/server/kvside-server
+  out=${OUT:-gpu-logs}
+  mkdir -p "$out"
+  timeout 560 build/tests/bench/kvside-bench copy control l2 trace restart memory --ranks 4 \
+    --trace tests/gpu/synthetic_trace.jsonl > "$out/cpu-bench.md" 2> "$out/cpu-bench.err"
+  rc=$?
+  cat "$out/cpu-bench.md"
+  exit $rc
+  ;;
 *)
-  echo "usage: $0 local|remote" >&2
+  echo "usage: $0 local|remote|remote-cpu" >&2
   exit 2
   ;;
 esac
