@@ -1129,8 +1129,11 @@ void kvs_jobs_completions(kvs_server *srv)
 		kvs_copy_task *next = t->next;
 		kvs_part *p = t->owner;
 		kvs_job *job = p->job;
+		uint64_t tb = 0;
 		for (uint32_t i = 0; i < t->n_segs; i++)
-			srv->jobs->st.copy_bytes += t->segs[i].len;
+			tb += t->segs[i].len;
+		srv->jobs->st.copy_bytes += tb;
+		srv->jobs->st.copy_bytes_dir[job->kind == KVS_OP_RETRIEVE][p->reg && p->reg->stream != NULL] += tb;
 		if (t->result && !p->copy_err)
 			p->copy_err = t->result;
 		free(t->segs);

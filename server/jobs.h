@@ -34,6 +34,7 @@ uint64_t kvs_jobs_retained(const kvs_jobs *j);
 typedef struct kvs_jobs_stats {
 	uint64_t committed, aborted, terminal_entries, lookups, lookup_hits, lookup_keys;
 	uint64_t store_objects, store_skipped, store_staged, retrieve_objects, copy_bytes;
+	uint64_t copy_bytes_dir[2][2]; /* [0 store (device->L1) / 1 retrieve][0 host / 1 cuda] */
 	uint64_t pins;
 	uint64_t promotions, promotion_failures, prefetches, lookup_hits_l2;
 } kvs_jobs_stats;

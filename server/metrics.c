@@ -84,7 +84,7 @@ typedef struct family {
 	const char *type; /* counter or gauge */
 	const char *help;
 	double scale;     /* 0: the counter as an integer; else value * scale */
-	struct { const char *stat, *labels; } smp[3];
+	struct { const char *stat, *labels; } smp[4];
 } family;
 
 static const family families[] = {
@@ -116,6 +116,12 @@ static const family families[] = {
 	 {{"copy_bps_host", "engine=\"host\""}, {"copy_bps_all", "engine=\"all\""}}},
 	{"job_copy_bytes_total", "counter", "Bytes of finished copy tasks, all engines and directions.",
 	 0, {{"copy_bytes", ""}}},
+	{"copy_direction_bytes_total", "counter",
+	 "Bytes of finished copy tasks by direction (store: into L1, retrieve: out of L1) and engine.", 0,
+	 {{"copy_bytes_store_host", "direction=\"store\",engine=\"host\""},
+	  {"copy_bytes_retrieve_host", "direction=\"retrieve\",engine=\"host\""},
+	  {"copy_bytes_store_cuda", "direction=\"store\",engine=\"cuda\""},
+	  {"copy_bytes_retrieve_cuda", "direction=\"retrieve\",engine=\"cuda\""}}},
 	{"lookups_total", "counter", "Lookup requests.", 0, {{"lookups", ""}}},
 	{"lookup_keys_total", "counter", "Chunk keys asked by lookups.", 0, {{"lookup_keys", ""}}},
 	{"lookup_hits_total", "counter", "Chunks found by lookups, by the tier that holds them.", 0,
@@ -234,7 +240,7 @@ char *kvs_metrics_format(const kvs_metrics_snap *snap, uint64_t age_ms, const ch
 	for (size_t f = 0; f < sizeof(families) / sizeof(families[0]); f++) {
 		const family *F = &families[f];
 		bool header = false;
-		for (int i = 0; i < 3 && F->smp[i].stat; i++) {
+		for (int i = 0; i < 4 && F->smp[i].stat; i++) {
 			const struct kvs_metrics_sample *s = find(snap, F->smp[i].stat);
 			if (!s)
 				continue; /* not in this build (e.g. no CUDA) */

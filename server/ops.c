@@ -170,6 +170,10 @@ uint32_t kvs__stats_collect(kvs_server *srv, kvs_counter *c, char (*names)[32])
 	C("store_staged", js.store_staged);
 	C("retrieve_objects", js.retrieve_objects);
 	C("copy_bytes", js.copy_bytes);
+	C("copy_bytes_store_host", js.copy_bytes_dir[0][0]);
+	C("copy_bytes_retrieve_host", js.copy_bytes_dir[1][0]);
+	C("copy_bytes_store_cuda", js.copy_bytes_dir[0][1]);
+	C("copy_bytes_retrieve_cuda", js.copy_bytes_dir[1][1]);
 	C("lookups", js.lookups);
 	C("lookup_keys", js.lookup_keys);
 	C("hits", js.lookup_hits);

@@ -27,7 +27,7 @@ build() { # dir args...
 }
 if build build; then
   run_suite build "normal build" --suite unit --suite integration --suite bench-smoke
-  run_suite build "server under valgrind" --setup valgrind spine jobs hybrid
+  run_suite build "server under valgrind" --setup valgrind spine jobs hybrid ops python_binding
 else failed=$((failed + 1)); fi
 if build build-asan -Db_sanitize=address,undefined -Db_lundef=false; then
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \

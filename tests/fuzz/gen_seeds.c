@@ -112,6 +112,9 @@ int main(int argc, char **argv)
 	put("q_job_status", &m);
 	m = (kvs_msg){.op = KVS_OP_STATS, .id = 9, .session = 42};
 	put("q_stats", &m);
+	m = (kvs_msg){.op = KVS_OP_ADMIN, .id = 10, .session = 42, .admin_cmd = KVS_ADMIN_DRAIN,
+		      .wait_ms = 5000};
+	put("q_admin", &m);
 
 	kvs_msg r = {.is_reply = true, .ok = true, .epoch = {0xe0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10,
 							       11, 12, 13, 14, 0xef}};
@@ -143,6 +146,10 @@ int main(int argc, char **argv)
 	m.op = KVS_OP_STATS, m.id = 9, m.counters = counters, m.n_counters = 2;
 	put("r_stats", &m);
 	m = r;
+	m.op = KVS_OP_ADMIN, m.id = 10, m.admin_cmd = KVS_ADMIN_CLEAR, m.draining = true, m.drained = true;
+	m.waited_ms = 12, m.cleared_l1 = 7, m.cleared_l2 = 9, m.kept_l1 = 1;
+	put("r_admin", &m);
+	m = r;
 	m.op = KVS_OP_JOB_DONE, m.id = 0, m.job = 5, m.state = KVS_JOB_ABORTED;
 	m.reason = (kvs_str)S("timeout");
 	put("r_job_done", &m);
@@ -165,6 +172,8 @@ int main(int argc, char **argv)
 		"hits", "tiers", "state", "reason", "ranks_done", "counters", "scheduler", "worker",
 		"host", "cuda", "attention", "recurrent", "failed", "open", "committed", "aborted",
 		"unknown", "l1", "l2", "E_BADMSG", "E_MISS",
+		"admin", "cmd", "timeout_ms", "drain", "resume", "clear", "draining", "drained",
+		"jobs_open", "waited_ms", "cleared_l1", "cleared_l2", "kept_l1",
 	};
 	FILE *d = fopen(argv[2], "w");
 	if (!d) {

@@ -75,8 +75,8 @@ static int run(const char *self, int via, const char *preload)
 {
 	pid_t p = fork();
 	if (p == 0) {
-		char v[8];
-		snprintf(v, sizeof(v), "%d", via);
+		char v[16];
+		snprintf(v, sizeof(v), "%d", via & 1);
 		if (preload)
 			setenv("LD_PRELOAD", preload, 1);
 		else
