@@ -18,16 +18,30 @@ extern "C" __global__ void kvs_copy_segs(const kvs_seg *segs, unsigned n)
 			const uint4 *p4 = (const uint4 *)p;
 			unsigned long long n4 = len >> 4;
 			unsigned long long i = threadIdx.x;
-			/* four 16-byte loads in flight per thread */
-			for (; i + 3 * blockDim.x < n4; i += 4 * blockDim.x) {
-				uint4 a = p4[i], b = p4[i + blockDim.x], c = p4[i + 2 * blockDim.x],
-				      e = p4[i + 3 * blockDim.x];
-				d4[i] = a;
-				d4[i + blockDim.x] = b;
-				d4[i + 2 * blockDim.x] = c;
-				d4[i + 3 * blockDim.x] = e;
+			/* eight 16-byte loads in flight per thread: reads of mapped
+			 * host memory (retrieve) cross PCIe and need many outstanding
+			 * requests to fill the link */
+			const unsigned long long B = blockDim.x;
+			for (; i + 7 * B < n4; i += 8 * B) {
+				uint4 v0 = p4[i], v1 = p4[i + B], v2 = p4[i + 2 * B], v3 = p4[i + 3 * B];
+				uint4 v4 = p4[i + 4 * B], v5 = p4[i + 5 * B], v6 = p4[i + 6 * B], v7 = p4[i + 7 * B];
+				d4[i] = v0;
+				d4[i + B] = v1;
+				d4[i + 2 * B] = v2;
+				d4[i + 3 * B] = v3;
+				d4[i + 4 * B] = v4;
+				d4[i + 5 * B] = v5;
+				d4[i + 6 * B] = v6;
+				d4[i + 7 * B] = v7;
 			}
-			for (; i < n4; i += blockDim.x)
+			for (; i + 3 * B < n4; i += 4 * B) {
+				uint4 v0 = p4[i], v1 = p4[i + B], v2 = p4[i + 2 * B], v3 = p4[i + 3 * B];
+				d4[i] = v0;
+				d4[i + B] = v1;
+				d4[i + 2 * B] = v2;
+				d4[i + 3 * B] = v3;
+			}
+			for (; i < n4; i += B)
 				d4[i] = p4[i];
 		} else {
 			for (unsigned long long i = threadIdx.x; i < len; i += blockDim.x)
