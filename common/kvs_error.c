@@ -2,7 +2,9 @@
  * strings. */
 #include "kvs_error.h"
 
+#include <lmdb.h>
 #include <string.h>
+#include <zmq.h>
 
 static const struct {
 	const char *name;
@@ -37,6 +39,10 @@ const char *kvs_strerror(int code)
 		return "success";
 	if (kvs_error_is_project(code))
 		return errtab[code - KVS_E_BASE].text;
+	if (code >= MDB_KEYEXIST && code <= MDB_LAST_ERRCODE)
+		return mdb_strerror(code); /* LMDB's own codes pass through unchanged */
+	if (code < 0 && -code >= ZMQ_HAUSNUMERO && -code < ZMQ_HAUSNUMERO + 100)
+		return zmq_strerror(-code); /* ZeroMQ-specific errno values */
 	if (code < 0 && code > -4096)
 		return strerror(-code);
 	return "unknown error";

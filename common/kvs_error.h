@@ -29,8 +29,9 @@ enum {
 	KVS_E_LAST_ = KVS_E_INTERNAL,
 };
 
-/* Human text for any code: 0, a project code, or a negative errno.
- * Returns a static string; never NULL. */
+/* Human text for any code: 0, a project code, a negative errno (ZeroMQ's
+ * own errno values included), or an LMDB error code. Returns a static
+ * string; never NULL. (CUDA results: kvs_cuda_strerror in kvs_cuda.h.) */
 const char *kvs_strerror(int code);
 
 /* Wire name ("E_BADMSG", ...) of a project code; for a negative errno or any
