@@ -940,6 +940,8 @@ static int op_part(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
 		return kvs__fail(srv, KVS_E_SESSION, "only worker sessions send job parts");
 
 	kvs_terminal *t = kvs_htab_get(J->terminal, key);
+	if (t && t->world != s->world)
+		return kvs__fail(srv, KVS_E_JOB_CONFLICT, "job %llu had world %u", (unsigned long long)rq->job, t->world);
 	if (t) {
 		static const uint8_t zero[16];
 		const uint8_t *had = s->rank < t->world ? t->digests + 16 * s->rank : zero;
@@ -1056,6 +1058,8 @@ int kvs__op_complete(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
 	uint8_t key[JOBKEY_BYTES];
 	job_key(s->engine, rq->job, key);
 	kvs_terminal *t = kvs_htab_get(J->terminal, key);
+	if (t && t->world != s->world)
+		return kvs__fail(srv, KVS_E_JOB_CONFLICT, "job %llu had world %u", (unsigned long long)rq->job, t->world);
 	if (t) {
 		uint8_t had = s->rank < t->world ? t->done[s->rank] : 0;
 		if (had && had != 1 + rq->status)

@@ -209,7 +209,9 @@ static int validate(kvs_server *srv, const kvs_msg *rq)
 			const kvs_layer_desc *o = &rq->layers[j];
 			if (o->group == l->group && o->num_blocks != l->num_blocks)
 				return kvs__fail(srv, KVS_E_GEOMETRY, "layers[%u]: num_blocks differs from layers[%u] of the same group", i, j);
-			if (o->alloc == l->alloc && views_overlap(o, l))
+			/* entries with one alloc_id are one allocation: compare by id */
+			if (memcmp(rq->allocs[o->alloc].alloc_id, rq->allocs[l->alloc].alloc_id, 16) == 0 &&
+			    views_overlap(o, l))
 				return kvs__fail(srv, KVS_E_GEOMETRY, "layers[%u] overlaps layers[%u]", i, j);
 		}
 	}
