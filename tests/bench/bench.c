@@ -228,6 +228,7 @@ static void usage(FILE *f)
 		"  --l1-size BYTES   --l2-size BYTES\n"
 		"  --quick           smoke sizes (seconds)\n"
 		"  --inflight N      copy: jobs in flight per rank (default 1; gpu adds a 4-rank x 2 row)\n"
+		"  --spread          gpu: rank r on GPU r %% devices, --ranks ranks only, per-GPU ceilings\n"
 		"  --json            one JSON object per result\n");
 }
 
@@ -240,7 +241,7 @@ int main(int argc, char **argv)
 		{"server", 1, NULL, 's'}, {"trace", 1, NULL, 't'}, {"dir", 1, NULL, 'd'},
 		{"ranks", 1, NULL, 'r'}, {"quick", 0, NULL, 'q'}, {"json", 0, NULL, 'j'},
 		{"l1-size", 1, NULL, '1'}, {"l2-size", 1, NULL, '2'}, {"trace-requests", 1, NULL, 'n'},
-		{"expect-bound", 0, NULL, 'b'}, {"inflight", 1, NULL, 'i'}, {"help", 0, NULL, 'h'}, {NULL, 0, NULL, 0}};
+		{"expect-bound", 0, NULL, 'b'}, {"inflight", 1, NULL, 'i'}, {"spread", 0, NULL, 'S'}, {"help", 0, NULL, 'h'}, {NULL, 0, NULL, 0}};
 	int c;
 	while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
 		switch (c) {
@@ -255,6 +256,7 @@ int main(int argc, char **argv)
 		case 'n': o.trace_requests = (uint32_t)atoi(optarg); break;
 		case 'b': o.expect_bound = true; break;
 		case 'i': o.inflight = (uint32_t)atoi(optarg); break;
+		case 'S': o.spread = true; break;
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return 2;
 		}

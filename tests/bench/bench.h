@@ -20,6 +20,7 @@ typedef struct kvb_opts {
 	uint32_t trace_requests; /* 0 = all */
 	bool expect_bound;   /* trace: fail unless the hit ratio equals the bound */
 	uint32_t inflight;   /* copy: jobs in flight per rank (default 1) */
+	bool spread;         /* gpu: rank r on GPU r % devices */
 } kvb_opts;
 
 /* One result line. baseline 0 = none; target "" = none. */

@@ -16,6 +16,9 @@
 
 #include "bench.h"
 #include "kvs_l2.h"
+#if KVS_HAVE_CUDA
+#include "kvs_cuda.h"
+#endif
 
 /* ---- rank processes ------------------------------------------------------- */
 
@@ -23,9 +26,11 @@ typedef struct geo {
 	uint32_t layers, bpc, nb;
 	uint64_t block;
 	bool cuda; /* KV region in GPU memory (kvs_cuda_alloc) instead of a memfd */
+	bool spread; /* cuda: rank r on GPU r % devices */
 } geo;
 
 typedef struct rank_ctx {
+	int dev; /* cuda: the GPU */
 	kvs_client *c;
 	uint8_t *mem;
 	int fd;
@@ -44,7 +49,12 @@ static int rank_setup(const kvb_server *s, const char *engine, uint32_t rank, ui
 	kvs_alloc al = {.fd = -1, .size = r->size};
 	uint64_t base = 0;
 	if (g.cuda) {
-		r->mem = kvs_cuda_alloc(r->size, 0, NULL);
+		r->dev = 0;
+#if KVS_HAVE_CUDA
+		if (g.spread && kvs_cuda()->ok && kvs_cuda()->n_devices > 0)
+			r->dev = (int)(rank % (uint32_t)kvs_cuda()->n_devices);
+#endif
+		r->mem = kvs_cuda_alloc(r->size, r->dev, NULL);
 		if (!r->mem || kvs_cuda_export(r->mem, &al, &base) != 0)
 			return -1;
 	} else {
@@ -66,7 +76,7 @@ static int rank_setup(const kvb_server *s, const char *engine, uint32_t rank, ui
 	kvs_registration_desc d = {.device_type = g.cuda ? KVS_DEV_CUDA : KVS_DEV_HOST, .allocs = &al, .n_allocs = 1,
 				   .groups = &gr, .n_groups = 1, .layers = ly, .n_layers = g.layers};
 	if (g.cuda) {
-		kvs_cuda_device_uuid(0, d.device_uuid);
+		kvs_cuda_device_uuid(r->dev, d.device_uuid);
 		for (uint32_t l = 0; l < g.layers; l++)
 			ly[l].offset += (uint64_t)(uintptr_t)r->mem - base;
 	}
@@ -864,13 +874,14 @@ int kvb_mode_memory(const kvb_opts *o)
 
 /* ---- GPU copy engine ------------------------------------------------------ */
 #if KVS_HAVE_CUDA
-#include "kvs_cuda.h"
 
 /* Same-run GPU baselines, measured in a child process (the parent never
  * initialises CUDA: it forks the ranks). Per block size: the one-copy DMA
  * ceiling, one cuMemcpyAsync per block, cuMemcpyBatchAsync. */
 typedef struct gpu_base {
 	double d2h, h2d;
+	int n_dev;
+	double dev_d2h[8], dev_h2d[8]; /* each GPU's own ceiling */
 	double per_block[8], batch[8];
 	int ok;
 } gpu_base;
@@ -889,6 +900,41 @@ static void gpu_baselines(const uint64_t *blocks, int nb, gpu_base *out)
 	cu->cuDevicePrimaryCtxRetain(&c, d);
 	cu->cuCtxSetCurrent(c);
 	const uint64_t total = 512ull << 20;
+	/* every GPU's own one-copy ceiling, one GPU at a time */
+	out->n_dev = cu->n_devices < 8 ? cu->n_devices : 8;
+	for (int g = 0; g < out->n_dev; g++) {
+		CUdevice dg;
+		CUcontext cg;
+		CUdeviceptr dd;
+		void *hh;
+		CUstream sg;
+		CUevent a0, a1;
+		float t;
+		if (cu->cuDeviceGet(&dg, g) || cu->cuDevicePrimaryCtxRetain(&cg, dg) || cu->cuCtxSetCurrent(cg) ||
+		    cu->cuMemAlloc(&dd, total) || cu->cuMemAllocHost(&hh, total) || cu->cuStreamCreate(&sg, 0) ||
+		    cu->cuEventCreate(&a0, 0) || cu->cuEventCreate(&a1, 0))
+			continue;
+		for (int rep = 0; rep < 2; rep++) {
+			cu->cuEventRecord(a0, sg);
+			cu->cuMemcpyDtoHAsync(hh, dd, total, sg);
+			cu->cuEventRecord(a1, sg);
+			cu->cuEventSynchronize(a1);
+			cu->cuEventElapsedTime(&t, a0, a1);
+			out->dev_d2h[g] = gbs_of(total, t);
+			cu->cuEventRecord(a0, sg);
+			cu->cuMemcpyHtoDAsync(dd, hh, total, sg);
+			cu->cuEventRecord(a1, sg);
+			cu->cuEventSynchronize(a1);
+			cu->cuEventElapsedTime(&t, a0, a1);
+			out->dev_h2d[g] = gbs_of(total, t);
+		}
+		cu->cuMemFree(dd);
+		cu->cuMemFreeHost(hh);
+		cu->cuStreamDestroy(sg);
+		cu->cuEventDestroy(a0);
+		cu->cuEventDestroy(a1);
+	}
+	cu->cuCtxSetCurrent(c);
 	CUdeviceptr dev;
 	void *host;
 	CUstream st;
@@ -977,6 +1023,18 @@ int kvb_mode_gpu(const kvb_opts *o)
 	}
 	kvb_result("gpu DMA ceiling D2H (one 512 MiB cuMemcpyAsync)", gb.d2h, "GB/s", 0, "");
 	kvb_result("gpu DMA ceiling H2D (one 512 MiB cuMemcpyAsync)", gb.h2d, "GB/s", 0, "");
+	double sum_d2h = 0, sum_h2d = 0;
+	for (int g = 0; g < gb.n_dev; g++) {
+		char nm[96];
+		snprintf(nm, sizeof(nm), "gpu %d own DMA ceiling D2H", g);
+		kvb_result(nm, gb.dev_d2h[g], "GB/s", 0, "");
+		snprintf(nm, sizeof(nm), "gpu %d own DMA ceiling H2D", g);
+		kvb_result(nm, gb.dev_h2d[g], "GB/s", 0, "");
+		if ((uint32_t)g < o->ranks) {
+			sum_d2h += gb.dev_d2h[g];
+			sum_h2d += gb.dev_h2d[g];
+		}
+	}
 	char l1[32];
 	snprintf(l1, sizeof(l1), "%llu", (unsigned long long)(o->l1_size ? o->l1_size : 16ull << 30));
 	kvb_server s;
@@ -988,10 +1046,18 @@ int kvb_mode_gpu(const kvb_opts *o)
 	int rc = 0;
 	static const uint32_t rank_counts[] = {1, 4, 4};
 	static const uint32_t inflights[] = {1, 1, 2};
-	for (int ri = 0; ri < 3; ri++) {
+	int n_cfg = 3;
+	uint32_t spread_ranks[2] = {o->ranks, o->ranks}, spread_infl[2] = {1, 2};
+	if (o->spread) {
+		kvb_note("gpu --spread: rank r on GPU r %% %d; aggregate GB/s against the sum of the ranks' GPUs' own "
+			 "ceilings (%.1f GB/s D2H, %.1f GB/s H2D)", gb.n_dev, sum_d2h, sum_h2d);
+		n_cfg = 2;
+	}
+	for (int ri = 0; ri < n_cfg; ri++) {
 		for (int bi = 0; bi < nb; bi++) {
-			copy_cfg cc = {.ranks = rank_counts[ri], .run = 200 + ri * 10 + (uint64_t)bi,
-				       .inflight = inflights[ri] > o->inflight ? inflights[ri] : o->inflight};
+			copy_cfg cc = {.ranks = o->spread ? spread_ranks[ri] : rank_counts[ri], .run = 200 + ri * 10 + (uint64_t)bi,
+				       .inflight = o->spread ? spread_infl[ri] : (inflights[ri] > o->inflight ? inflights[ri] : o->inflight)};
+			cc.g.spread = o->spread;
 			cc.g.block = blocks[bi];
 			cc.g.layers = 4;
 			cc.g.cuda = true;
@@ -1021,11 +1087,11 @@ int kvb_mode_gpu(const kvb_opts *o)
 			char nm[96];
 			snprintf(nm, sizeof(nm), "gpu store %lluK blocks, %u rank(s) x %u in flight", (unsigned long long)(cc.g.block >> 10),
 				 cc.ranks, cc.inflight ? cc.inflight : 1);
-			kvb_result(nm, bytes / ts / 1e9, "GB/s", gb.d2h, ">= 0.90 x DMA ceiling");
+			kvb_result(nm, bytes / ts / 1e9, "GB/s", o->spread ? sum_d2h : gb.d2h, ">= 0.90 x DMA ceiling");
 			snprintf(nm, sizeof(nm), "gpu retrieve %lluK blocks, %u rank(s) x %u in flight", (unsigned long long)(cc.g.block >> 10),
 				 cc.ranks, cc.inflight ? cc.inflight : 1);
-			kvb_result(nm, bytes / tr / 1e9, "GB/s", gb.h2d, ">= 0.90 x DMA ceiling");
-			if (ri == 0) {
+			kvb_result(nm, bytes / tr / 1e9, "GB/s", o->spread ? sum_h2d : gb.h2d, ">= 0.90 x DMA ceiling");
+			if (ri == 0 && !o->spread) {
 				snprintf(nm, sizeof(nm), "gpu baseline: one cuMemcpyAsync per %lluK block (D2H)", (unsigned long long)(cc.g.block >> 10));
 				kvb_result(nm, gb.per_block[bi], "GB/s", gb.d2h, "");
 				if (gb.batch[bi] > 0) {

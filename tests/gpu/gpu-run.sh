@@ -47,6 +47,24 @@ remote)
   cat "$out/gpu-bench.md"
   exit $rc
   ;;
+remote-multi)
+  # several GPUs: the suite with rank r on GPU r % n, and the bench with one
+  # rank per GPU against each GPU's own ceiling (NVLink multicast stays off)
+  export LD_LIBRARY_PATH=$PWD/.gpu-bundle/lib:${LD_LIBRARY_PATH:-}
+  export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+  export KVS_SERVER=$PWD/build/server/kvside-server
+  out=${OUT:-gpu-logs}
+  mkdir -p "$out"
+  nvidia-smi -L > "$out/nvidia-smi.txt" 2>&1
+  n=$(nvidia-smi -L | grep -c '^GPU')
+  rc=0
+  KVS_GPU_SPREAD=1 timeout 300 build/tests/gpu/test_gpu > "$out/gpu-suite-multi.log" 2>&1 || rc=$?
+  echo "gpu suite over $n GPUs: exit $rc"; grep -v '^[0-9][0-9]:' "$out/gpu-suite-multi.log" | tail -14
+  timeout 400 build/tests/bench/kvside-bench gpu --spread --ranks "$n" > "$out/gpu-bench-multi.md" \
+    2> "$out/gpu-bench-multi.err" || rc=$?
+  cat "$out/gpu-bench-multi.md"
+  exit $rc
+  ;;
 remote-cpu)
   export LD_LIBRARY_PATH=$PWD/.gpu-bundle/lib:${LD_LIBRARY_PATH:-}
   export KVS_SERVER=$PWD/build/server/kvside-server
@@ -59,7 +77,7 @@ remote-cpu)
   exit $rc
   ;;
 *)
-  echo "usage: $0 local|remote|remote-cpu" >&2
+  echo "usage: $0 local|remote|remote-multi|remote-cpu" >&2
   exit 2
   ;;
 esac

@@ -65,6 +65,14 @@ static void key_of(uint32_t k, uint8_t out[32])
 	memcpy(out, keys + 32 * k, 32);
 }
 
+/* KVS_GPU_SPREAD=1: rank r uses GPU r % devices (multi-GPU qualification) */
+static int rank_device(uint32_t rank)
+{
+	const char *sp = getenv("KVS_GPU_SPREAD");
+	int n = kvs_cuda()->ok ? kvs_cuda()->n_devices : 1;
+	return sp && atoi(sp) && n > 0 ? (int)(rank % (uint32_t)n) : 0;
+}
+
 typedef struct rk {
 	kvs_client *c;
 	uint8_t *dev;   /* device pointer */
@@ -98,7 +106,7 @@ static int reg(rk *r)
 			    .window_chunks = -1, .null_block = -1}};
 	kvs_registration_desc d = {.device_type = KVS_DEV_CUDA, .allocs = al, .n_allocs = (uint32_t)n, .groups = gr,
 				   .n_groups = 2, .layers = ly, .n_layers = (uint32_t)n};
-	kvs_cuda_device_uuid(0, d.device_uuid);
+	kvs_cuda_device_uuid(rank_device(r->rank), d.device_uuid);
 	int rc = kvs_register(r->c, &d, 20000, &r->handle);
 	for (int i = 0; i < n; i++)
 		close(al[i].fd);
@@ -178,7 +186,9 @@ static void rank_main(kvt_server *s, uint32_t rank, int cfd, int rfd)
 		    cu->cuCtxSetCurrent(ctx) == CUDA_SUCCESS && cu->cuMemAlloc(&p, ALLOC) == CUDA_SUCCESS)
 			r.dev = (uint8_t *)(uintptr_t)p;
 	} else {
-		r.dev = kvs_cuda_alloc(ALLOC, 0, NULL);
+		r.dev = kvs_cuda_alloc(ALLOC, rank_device(rank), NULL);
+		if (r.dev)
+			fprintf(stderr, "rank %u: 1 GiB on GPU %d\n", rank, rank_device(rank));
 	}
 	r.orig = malloc(ALLOC);
 	if (!r.c || !r.dev || !r.orig) {
@@ -208,7 +218,7 @@ static void rank_main(kvt_server *s, uint32_t rank, int cfd, int rfd)
 		case C_EXIT:
 			kvs_client_close(r.c);
 			if (!legacy)
-				kvs_cuda_free(r.dev, ALLOC, 0, NULL);
+				kvs_cuda_free(r.dev, ALLOC, rank_device(rank), NULL);
 			_exit(0);
 		}
 		if (write(rfd, &out, sizeof(out)) != sizeof(out))
