@@ -882,6 +882,7 @@ typedef struct gpu_base {
 	double d2h, h2d;
 	int n_dev;
 	double dev_d2h[8], dev_h2d[8]; /* each GPU's own ceiling */
+	double all_d2h, all_h2d;       /* every GPU at once: what the host sustains */
 	double per_block[8], batch[8];
 	int ok;
 } gpu_base;
@@ -933,6 +934,40 @@ static void gpu_baselines(const uint64_t *blocks, int nb, gpu_base *out)
 		cu->cuStreamDestroy(sg);
 		cu->cuEventDestroy(a0);
 		cu->cuEventDestroy(a1);
+	}
+	/* every GPU at once (one 512 MiB copy each, started together) */
+	if (out->n_dev > 1) {
+		CUdeviceptr dd[8];
+		void *hh[8];
+		CUstream sg[8];
+		CUcontext cg[8];
+		int ok = 1;
+		for (int g = 0; g < out->n_dev && ok; g++) {
+			CUdevice dg;
+			ok = !cu->cuDeviceGet(&dg, g) && !cu->cuDevicePrimaryCtxRetain(&cg[g], dg) &&
+			     !cu->cuCtxSetCurrent(cg[g]) && !cu->cuMemAlloc(&dd[g], total) &&
+			     !cu->cuMemAllocHost(&hh[g], total) && !cu->cuStreamCreate(&sg[g], 0);
+		}
+		for (int dir = 0; dir < 2 && ok; dir++)
+			for (int rep = 0; rep < 2; rep++) {
+				double t0 = kvb_now();
+				for (int g = 0; g < out->n_dev; g++) {
+					cu->cuCtxSetCurrent(cg[g]);
+					if (dir == 0)
+						cu->cuMemcpyDtoHAsync(hh[g], dd[g], total, sg[g]);
+					else
+						cu->cuMemcpyHtoDAsync(dd[g], hh[g], total, sg[g]);
+				}
+				for (int g = 0; g < out->n_dev; g++) {
+					cu->cuCtxSetCurrent(cg[g]);
+					cu->cuStreamSynchronize(sg[g]);
+				}
+				double gbs = (double)total * out->n_dev / (kvb_now() - t0) / 1e9;
+				if (dir == 0)
+					out->all_d2h = gbs;
+				else
+					out->all_h2d = gbs;
+			}
 	}
 	cu->cuCtxSetCurrent(c);
 	CUdeviceptr dev;
@@ -1023,6 +1058,10 @@ int kvb_mode_gpu(const kvb_opts *o)
 	}
 	kvb_result("gpu DMA ceiling D2H (one 512 MiB cuMemcpyAsync)", gb.d2h, "GB/s", 0, "");
 	kvb_result("gpu DMA ceiling H2D (one 512 MiB cuMemcpyAsync)", gb.h2d, "GB/s", 0, "");
+	if (gb.n_dev > 1) {
+		kvb_result("gpu all GPUs at once DMA D2H (512 MiB each)", gb.all_d2h, "GB/s", 0, "");
+		kvb_result("gpu all GPUs at once DMA H2D (512 MiB each)", gb.all_h2d, "GB/s", 0, "");
+	}
 	double sum_d2h = 0, sum_h2d = 0;
 	for (int g = 0; g < gb.n_dev; g++) {
 		char nm[96];
