@@ -28,6 +28,13 @@
 #define G1_NB 4096
 #define BPC 16
 #define G1_OFF ((uint64_t)G0_LAYERS * G0_NB * G0_STRIDE)
+/* group 2: recurrent (Mamba/GDN-like) state, one block per chunk at the
+ * chunk's end boundary, 2 layers, another block size, padded stride */
+#define G2_LAYERS 2
+#define G2_BYTES (8u << 10)
+#define G2_STRIDE (9u << 10)
+#define G2_NB 256
+#define G2_OFF (G1_OFF + (uint64_t)G1_LAYERS * G1_NB * G1_BYTES)
 
 static int failures;
 #define CHECK(c, ...)                                                            \
@@ -52,8 +59,16 @@ typedef struct res {
 	uint64_t value;
 } res;
 
-static uint64_t layer_off(int g, int l) { return g == 0 ? (uint64_t)l * G0_NB * G0_STRIDE : G1_OFF + (uint64_t)l * G1_NB * G1_BYTES; }
-static uint64_t blk(int g, int l, uint64_t id) { return layer_off(g, l) + id * (g == 0 ? G0_STRIDE : G1_BYTES); }
+static uint64_t layer_off(int g, int l)
+{
+	return g == 0 ? (uint64_t)l * G0_NB * G0_STRIDE
+	     : g == 1 ? G1_OFF + (uint64_t)l * G1_NB * G1_BYTES
+		      : G2_OFF + (uint64_t)l * G2_NB * G2_STRIDE;
+}
+static uint64_t blk(int g, int l, uint64_t id)
+{
+	return layer_off(g, l) + id * (g == 0 ? G0_STRIDE : g == 1 ? G1_BYTES : G2_STRIDE);
+}
 
 static void key_of(uint32_t k, uint8_t out[32])
 {
@@ -83,12 +98,12 @@ typedef struct rk {
 
 static int reg(rk *r)
 {
-	kvs_alloc al[G0_LAYERS + G1_LAYERS];
-	kvs_layer ly[G0_LAYERS + G1_LAYERS];
+	kvs_alloc al[G0_LAYERS + G1_LAYERS + G2_LAYERS];
+	kvs_layer ly[G0_LAYERS + G1_LAYERS + G2_LAYERS];
 	uint64_t base = 0;
 	int n = 0;
-	for (int g = 0; g < 2; g++)
-		for (int l = 0; l < (g ? G1_LAYERS : G0_LAYERS); l++) {
+	for (int g = 0; g < 3; g++)
+		for (int l = 0; l < (g == 0 ? G0_LAYERS : g == 1 ? G1_LAYERS : G2_LAYERS); l++) {
 			/* one allocation entry per layer tensor, as an engine would
 			 * send them: the server dedups them into one import */
 			int rc = kvs_cuda_export(r->dev + layer_off(g, l), &al[n], &base);
@@ -96,16 +111,19 @@ static int reg(rk *r)
 				return rc;
 			ly[n] = (kvs_layer){.group = (uint32_t)g, .alloc = (uint32_t)n,
 					    .offset = (uint64_t)(uintptr_t)r->dev + layer_off(g, l) - base,
-					    .num_blocks = g ? G1_NB : G0_NB, .block_stride = g ? G1_BYTES : G0_STRIDE,
-					    .block_bytes = g ? G1_BYTES : G0_BYTES};
+					    .num_blocks = g == 0 ? G0_NB : g == 1 ? G1_NB : G2_NB,
+					    .block_stride = g == 0 ? G0_STRIDE : g == 1 ? G1_BYTES : G2_STRIDE,
+					    .block_bytes = g == 0 ? G0_BYTES : g == 1 ? G1_BYTES : G2_BYTES};
 			n++;
 		}
-	kvs_group gr[2] = {{.id = 0, .kind = KVS_GROUP_ATTENTION, .tokens_per_block = 16, .blocks_per_chunk = BPC,
+	kvs_group gr[3] = {{.id = 0, .kind = KVS_GROUP_ATTENTION, .tokens_per_block = 16, .blocks_per_chunk = BPC,
 			    .window_chunks = -1, .null_block = -1},
 			   {.id = 1, .kind = KVS_GROUP_ATTENTION, .tokens_per_block = 16, .blocks_per_chunk = BPC,
+			    .window_chunks = -1, .null_block = -1},
+			   {.id = 2, .kind = KVS_GROUP_RECURRENT, .tokens_per_block = 16 * BPC, .blocks_per_chunk = 1,
 			    .window_chunks = -1, .null_block = -1}};
 	kvs_registration_desc d = {.device_type = KVS_DEV_CUDA, .allocs = al, .n_allocs = (uint32_t)n, .groups = gr,
-				   .n_groups = 2, .layers = ly, .n_layers = (uint32_t)n};
+				   .n_groups = 3, .layers = ly, .n_layers = (uint32_t)n};
 	kvs_cuda_device_uuid(rank_device(r->rank), d.device_uuid);
 	int rc = kvs_register(r->c, &d, 20000, &r->handle);
 	for (int i = 0; i < n; i++)
@@ -116,17 +134,20 @@ static int reg(rk *r)
 static int job(rk *r, bool store, const cmd *c, int *state)
 {
 	uint8_t keys[64 * 32];
-	int64_t l0[64 * BPC], l1[64 * BPC];
+	int64_t l0[64 * BPC], l1[64 * BPC], l2[64];
 	for (uint32_t k = 0; k < c->n; k++) {
 		key_of(k, keys + 32 * k);
 		for (uint32_t b = 0; b < BPC; b++) {
 			l0[k * BPC + b] = (store ? c->src : c->dst) + k * BPC + b;
 			l1[k * BPC + b] = (store ? c->src : c->dst) * 4 + k * BPC + b;
 		}
+		/* the state at the end of chunk k; a retrieve writes only the
+		 * last chunk's */
+		l2[k] = (store ? c->src : c->dst) / 4 + k;
 	}
-	const int64_t *ids[2] = {l0, l1};
-	uint32_t lens[2] = {c->n * BPC, c->n * BPC};
-	kvs_blocks bl = {.n_groups = 2, .ids = ids, .len = lens};
+	const int64_t *ids[3] = {l0, l1, l2};
+	uint32_t lens[3] = {c->n * BPC, c->n * BPC, c->n};
+	kvs_blocks bl = {.n_groups = 3, .ids = ids, .len = lens};
 	return store ? kvs_store(r->c, c->job, keys, c->n, &bl, NULL, 20000, state)
 		     : kvs_retrieve(r->c, c->job, keys, c->n, &bl, 0, 20000, state);
 }
@@ -143,6 +164,9 @@ static uint64_t verify(rk *r, const cmd *c)
 			for (int l = 0; l < G1_LAYERS; l++)
 				memcpy(exp + blk(1, l, c->dst * 4 + k * BPC + b), r->orig + blk(1, l, c->src * 4 + k * BPC + b), G1_BYTES);
 		}
+	if (c->n) /* recurrent: only the last chunk's state, block_bytes (not the padding) */
+		for (int l = 0; l < G2_LAYERS; l++)
+			memcpy(exp + blk(2, l, c->dst / 4 + c->n - 1), r->orig + blk(2, l, c->src / 4 + c->n - 1), G2_BYTES);
 	cu->cuMemcpyDtoH(now, (CUdeviceptr)(uintptr_t)r->dev, ALLOC);
 	uint64_t diff = 0;
 	if (c->ok) { /* destinations only */
@@ -157,6 +181,10 @@ static uint64_t verify(rk *r, const cmd *c)
 					diff += memcmp(now + o, exp + o, G1_BYTES) != 0;
 				}
 			}
+		for (int l = 0; c->n && l < G2_LAYERS; l++) {
+			uint64_t o = blk(2, l, c->dst / 4 + c->n - 1);
+			diff += memcmp(now + o, exp + o, G2_BYTES) != 0;
+		}
 	} else {
 		for (uint64_t i = 0; i < ALLOC; i += 8)
 			diff += memcmp(now + i, exp + i, 8) != 0;
@@ -307,8 +335,9 @@ int main(void)
 		CHECK(start_rank(&p[i], &s, (uint32_t)i) == 0, "rank %d did not register", i);
 	/* import dedup: 6 layer views over one allocation per rank */
 	CHECK(kvt_stat(sc, "imports") == W, "imports %llu", (unsigned long long)kvt_stat(sc, "imports"));
-	CHECK(kvt_stat(sc, "aliases") == W * 5, "aliases %llu", (unsigned long long)kvt_stat(sc, "aliases"));
-	printf("registered: imports=%llu aliases=%llu (4 ranks x 6 layer views over 1 allocation each)\n",
+	CHECK(kvt_stat(sc, "aliases") == W * 7, "aliases %llu", (unsigned long long)kvt_stat(sc, "aliases"));
+	printf("registered: imports=%llu aliases=%llu (4 ranks x 8 layer views over 1 allocation each; groups: "
+	       "full attention, full attention, recurrent state)\n",
 	       (unsigned long long)kvt_stat(sc, "imports"), (unsigned long long)kvt_stat(sc, "aliases"));
 
 	/* store 16 chunks (every group, every rank), lookup, retrieve elsewhere */
@@ -327,7 +356,8 @@ int main(void)
 		res r = do1(&p[i], (cmd){.op = C_VERIFY, .n = 16, .src = 0, .dst = 512});
 		CHECK(r.value == 0, "rank %d: %llu 8-byte words differ after retrieve", i, (unsigned long long)r.value);
 	}
-	printf("store -> lookup (16 hits) -> retrieve into disjoint blocks: byte-exact on %d ranks, rest untouched\n", W);
+	printf("store -> lookup (16 hits) -> retrieve into disjoint blocks: byte-exact on %d ranks (the recurrent "
+	       "group: only the last chunk's state written), rest untouched\n", W);
 	CHECK(kvt_stat(sc, "cuda_errors") == 0, "cuda errors");
 	printf("cuda stats: tasks=%llu kernel_launches=%llu fallback_copies=%llu\n",
 	       (unsigned long long)kvt_stat(sc, "cuda_tasks"), (unsigned long long)kvt_stat(sc, "cuda_kernel_launches"),
