@@ -278,6 +278,44 @@ static double memcpy_one_gbs(uint64_t bytes, double seconds)
 	return gbs;
 }
 
+/* Sizes one copy configuration: 4 layers, 16 blocks per chunk (1 at 1 MiB
+ * and above), about per_job bytes per rank per job (at most 4096 chunks),
+ * about per_rank bytes per rank in all (at least 2 jobs), a region twice the
+ * gathered blocks (every other block) plus the retrieve destinations. */
+static uint64_t copy_size(copy_cfg *cc, uint64_t block, uint64_t per_job, uint64_t per_rank)
+{
+	cc->g.block = block;
+	cc->g.layers = 4;
+	cc->g.bpc = block >= (1u << 20) ? 1 : 16;
+	uint64_t chunk_bytes = (uint64_t)cc->g.layers * cc->g.bpc * block;
+	cc->chunks = (uint32_t)(per_job / chunk_bytes ? per_job / chunk_bytes : 1);
+	if (cc->chunks > 4096)
+		cc->chunks = 4096;
+	cc->jobs = (uint32_t)(per_rank / (chunk_bytes * cc->chunks));
+	if (cc->jobs < 2)
+		cc->jobs = 2;
+	cc->g.nb = 4 * cc->chunks * cc->g.bpc;
+	return chunk_bytes;
+}
+
+/* Runs cc's ranks; returns the bytes moved by all ranks in each direction
+ * and the slowest rank's store and retrieve times, or -1. */
+static int copy_measure(const kvb_server *s, const copy_cfg *cc, uint64_t chunk_bytes, const char *mode,
+			rank_out *outs, double *bytes, double *ts, double *tr)
+{
+	if (run_ranks(s, cc, copy_child, outs) != 0) {
+		fprintf(stderr, "%s: a rank failed at block %llu\n", mode, (unsigned long long)cc->g.block);
+		return -1;
+	}
+	*bytes = (double)chunk_bytes * cc->chunks * cc->jobs * cc->ranks;
+	*ts = *tr = 0;
+	for (uint32_t i = 0; i < cc->ranks; i++) {
+		*ts = outs[i].t_store > *ts ? outs[i].t_store : *ts;
+		*tr = outs[i].t_retrieve > *tr ? outs[i].t_retrieve : *tr;
+	}
+	return 0;
+}
+
 int kvb_mode_copy(const kvb_opts *o)
 {
 	static const uint64_t blocks[] = {16 << 10, 64 << 10, 256 << 10, 2 << 20};
@@ -294,26 +332,12 @@ int kvb_mode_copy(const kvb_opts *o)
 	kvb_note("copy engine cuda: no GPU in this run (host engine only); cuda rows are produced by the GPU script");
 	for (size_t bi = 0; bi < sizeof(blocks) / sizeof(blocks[0]); bi++) {
 		copy_cfg cc = {.ranks = o->ranks, .run = 100 + bi, .inflight = o->inflight};
-		cc.g.block = blocks[bi];
-		cc.g.layers = 4;
-		cc.g.bpc = cc.g.block >= (1u << 20) ? 1 : 16;
-		uint64_t chunk_bytes = (uint64_t)cc.g.layers * cc.g.bpc * cc.g.block;
-		cc.chunks = (uint32_t)(per_job / chunk_bytes ? per_job / chunk_bytes : 1);
-		cc.jobs = (uint32_t)(per_rank / (chunk_bytes * cc.chunks));
-		if (cc.jobs < 2)
-			cc.jobs = 2;
-		cc.g.nb = 4 * cc.chunks * cc.g.bpc;
+		uint64_t chunk_bytes = copy_size(&cc, blocks[bi], per_job, per_rank);
 		rank_out outs[64];
-		if (run_ranks(&s, &cc, copy_child, outs) != 0) {
-			fprintf(stderr, "copy: a rank failed at block %llu\n", (unsigned long long)cc.g.block);
+		double bytes, ts, tr;
+		if (copy_measure(&s, &cc, chunk_bytes, "copy", outs, &bytes, &ts, &tr) != 0) {
 			rc = 1;
 			continue;
-		}
-		double bytes = (double)chunk_bytes * cc.chunks * cc.jobs * cc.ranks;
-		double ts = 0, tr = 0;
-		for (uint32_t i = 0; i < cc.ranks; i++) {
-			ts = outs[i].t_store > ts ? outs[i].t_store : ts;
-			tr = outs[i].t_retrieve > tr ? outs[i].t_retrieve : tr;
 		}
 		double base = memcpy_gather_gbs(cc.g, cc.chunks, o->quick ? 0.1 : 0.5, per_rank);
 		double one = memcpy_one_gbs(chunk_bytes * cc.chunks, o->quick ? 0.1 : 0.5);
@@ -1097,31 +1121,14 @@ int kvb_mode_gpu(const kvb_opts *o)
 			copy_cfg cc = {.ranks = o->spread ? spread_ranks[ri] : rank_counts[ri], .run = 200 + ri * 10 + (uint64_t)bi,
 				       .inflight = o->spread ? spread_infl[ri] : (inflights[ri] > o->inflight ? inflights[ri] : o->inflight)};
 			cc.g.spread = o->spread;
-			cc.g.block = blocks[bi];
-			cc.g.layers = 4;
 			cc.g.cuda = true;
-			cc.g.bpc = cc.g.block >= (1u << 20) ? 1 : 16;
-			uint64_t chunk_bytes = (uint64_t)cc.g.layers * cc.g.bpc * cc.g.block;
-			uint64_t per_job = o->quick ? (16u << 20) : (64u << 20);
-			cc.chunks = (uint32_t)(per_job / chunk_bytes ? per_job / chunk_bytes : 1);
-			if (cc.chunks > 4096)
-				cc.chunks = 4096;
-			uint64_t per_rank = o->quick ? (64u << 20) : (512u << 20);
-			cc.jobs = (uint32_t)(per_rank / (chunk_bytes * cc.chunks));
-			if (cc.jobs < 2)
-				cc.jobs = 2;
-			cc.g.nb = 4 * cc.chunks * cc.g.bpc;
+			uint64_t chunk_bytes = copy_size(&cc, blocks[bi], o->quick ? (16u << 20) : (64u << 20),
+							 o->quick ? (64u << 20) : (512u << 20));
 			rank_out outs[64];
-			if (run_ranks(&s, &cc, copy_child, outs) != 0) {
-				fprintf(stderr, "gpu: a rank failed at block %llu\n", (unsigned long long)cc.g.block);
+			double bytes, ts, tr;
+			if (copy_measure(&s, &cc, chunk_bytes, "gpu", outs, &bytes, &ts, &tr) != 0) {
 				rc = 1;
 				continue;
-			}
-			double bytes = (double)chunk_bytes * cc.chunks * cc.jobs * cc.ranks;
-			double ts = 0, tr = 0;
-			for (uint32_t i = 0; i < cc.ranks; i++) {
-				ts = outs[i].t_store > ts ? outs[i].t_store : ts;
-				tr = outs[i].t_retrieve > tr ? outs[i].t_retrieve : tr;
 			}
 			char nm[96];
 			snprintf(nm, sizeof(nm), "gpu store %lluK blocks, %u rank(s) x %u in flight", (unsigned long long)(cc.g.block >> 10),
