@@ -26,6 +26,18 @@
  * kernel wins (one copy per block: 12 % at 16 KiB, 34 % at 64 KiB).
  * KVS_CUDA_DMA_MIN overrides it (bytes; 0 = never). */
 #define DMA_MIN_DEFAULT (2u << 20)
+/* Staged copies (see submit_staged): each registration gets STAGE_DEFAULT
+ * bytes of device memory in STAGE_SLOTS slots; a part whose L1 side comes in
+ * contiguous host extents of STAGE_MIN_DEFAULT bytes or more on average goes
+ * through it: blocks gathered (or scattered) on the device by the kernel, the
+ * PCIe crossing done by the DMA engine in long runs. Measured on an H200:
+ * batched DMA of 2 MiB runs reaches 99 % of the one-copy ceiling, a kernel
+ * writing or reading mapped host memory 90-95 %. KVS_CUDA_STAGE_BYTES
+ * (0 = never stage) and KVS_CUDA_STAGE_MIN (bytes) override them. */
+#define STAGE_SLOTS 4
+#define STAGE_DEFAULT (64ull << 20)
+#define STAGE_MIN_DEFAULT (512u << 10)
+#define BATCH_MAX 4096 /* entries per cuMemcpyBatchAsync call */
 
 extern const char kvs_ptx[]; /* generated from cuda/kernels.cu, or empty */
 
@@ -57,9 +69,21 @@ struct kvs_cuda_map {
 	CUmemGenericAllocationHandle h;
 };
 
+/* A registration's streams and staging memory. Invariants: everything of
+ * one submission that writes device memory, or follows a submission that
+ * did, starts after the previous submission's `last`; slot i of the staging
+ * memory is refilled only after free[i] (the previous use drained), and
+ * read only after full[i]. Staging is allocated at the first staged part. */
 struct kvs_cuda_stream {
 	int dev;
-	CUstream s;
+	CUstream s;          /* kernels, unstaged copies, host callbacks */
+	CUstream dma;        /* staged parts: DMA between staging and L1 */
+	CUdeviceptr stage;   /* STAGE_SLOTS slots of slot_bytes, or 0 */
+	uint64_t slot_bytes;
+	CUevent full[STAGE_SLOTS], free_[STAGE_SLOTS], last;
+	uint32_t next_slot;
+	bool last_read_only; /* the previous submission wrote no device memory */
+	bool stage_off;      /* staging unavailable on this stream */
 };
 
 struct kvs_cuda_engine {
@@ -82,6 +106,7 @@ struct kvs_cuda_engine {
 	bool pin_started;
 	desc_buf *pool; /* free pooled descriptor buffers (main loop) */
 	uint64_t dma_min;
+	uint64_t stage_bytes, stage_min; /* per registration; mean host extent */
 	pthread_mutex_t mu;
 	inflight *done; /* guarded by mu: host callbacks push here */
 	kvs_cuda_stats st;
@@ -138,6 +163,11 @@ int kvs_cuda_engine_create(int efd, void *arena, uint64_t arena_size, kvs_cuda_e
 	e->dma_min = dm ? strtoull(dm, NULL, 10) : DMA_MIN_DEFAULT;
 	if (!e->dma_min)
 		e->dma_min = UINT64_MAX;
+	const char *sb = getenv("KVS_CUDA_STAGE_BYTES"), *sm = getenv("KVS_CUDA_STAGE_MIN");
+	e->stage_bytes = sb ? strtoull(sb, NULL, 10) : STAGE_DEFAULT;
+	e->stage_min = sm ? strtoull(sm, NULL, 10) : STAGE_MIN_DEFAULT;
+	if (e->stage_bytes < STAGE_SLOTS * 4096ull)
+		e->stage_bytes = 0;
 	for (int d = 0; d < e->n_dev; d++) {
 		CUresult r;
 		if ((r = cu->cuDeviceGet(&e->dev[d], d)) != CUDA_SUCCESS ||
@@ -209,7 +239,10 @@ void kvs_cuda_engine_destroy(kvs_cuda_engine *e)
 
 const char *kvs_cuda_engine_mode(const kvs_cuda_engine *e)
 {
-	return e->have_kernel ? "gather/scatter kernel (PTX)" : "cuMemcpyAsync per segment";
+	if (!e->have_kernel)
+		return "cuMemcpyAsync per segment";
+	return e->stage_bytes ? "gather/scatter kernel (PTX), staged DMA for long L1 runs"
+			      : "gather/scatter kernel (PTX)";
 }
 
 int kvs_cuda_engine_devices(const kvs_cuda_engine *e) { return e->n_dev; }
@@ -345,8 +378,53 @@ void kvs_cuda_stream_destroy(kvs_cuda_engine *e, kvs_cuda_stream *s)
 		return;
 	use(e, s->dev);
 	CU(e, cuStreamSynchronize)(s->s);
+	if (s->dma) {
+		CU(e, cuStreamSynchronize)(s->dma);
+		CU(e, cuStreamDestroy)(s->dma);
+	}
 	CU(e, cuStreamDestroy)(s->s);
+	for (int i = 0; i < STAGE_SLOTS; i++) {
+		if (s->full[i])
+			CU(e, cuEventDestroy)(s->full[i]);
+		if (s->free_[i])
+			CU(e, cuEventDestroy)(s->free_[i]);
+	}
+	if (s->last)
+		CU(e, cuEventDestroy)(s->last);
+	if (s->stage)
+		CU(e, cuMemFree)(s->stage);
 	free(s);
+}
+
+/* Allocates s's staging memory, second stream and events (once). */
+static bool stage_ready(kvs_cuda_engine *e, kvs_cuda_stream *s)
+{
+	if (s->stage)
+		return true;
+	if (s->stage_off || !e->stage_bytes)
+		return false;
+	CUresult r = CU(e, cuStreamCreate)(&s->dma, CU_STREAM_NON_BLOCKING);
+	for (int i = 0; i < STAGE_SLOTS && r == CUDA_SUCCESS; i++)
+		if ((r = CU(e, cuEventCreate)(&s->full[i], CU_EVENT_DISABLE_TIMING)) == CUDA_SUCCESS)
+			r = CU(e, cuEventCreate)(&s->free_[i], CU_EVENT_DISABLE_TIMING);
+	if (r == CUDA_SUCCESS)
+		r = CU(e, cuEventCreate)(&s->last, CU_EVENT_DISABLE_TIMING);
+	s->slot_bytes = e->stage_bytes / STAGE_SLOTS / 4096 * 4096;
+	if (r == CUDA_SUCCESS)
+		r = CU(e, cuMemAlloc)(&s->stage, s->slot_bytes * STAGE_SLOTS);
+	if (r != CUDA_SUCCESS) {
+		s->stage = 0;
+		s->stage_off = true; /* the events and stream go with the stream */
+		kvs_warn("no %llu MiB of staging memory on device %d (%s): this registration's copies use the kernel",
+			 (unsigned long long)(e->stage_bytes >> 20), s->dev, kvs_cuda_strerror(r));
+		return false;
+	}
+	/* work queued on s->s before staging existed: later submissions order
+	 * themselves after it through `last` */
+	if (CU(e, cuEventRecord)(s->last, s->s) != CUDA_SUCCESS)
+		CU(e, cuStreamSynchronize)(s->s);
+	s->last_read_only = false;
+	return true;
 }
 
 static void CUDA_CB host_done(void *arg)
@@ -408,6 +486,269 @@ static void put_buf(kvs_cuda_engine *e, desc_buf *b)
 	}
 }
 
+static bool in_arena(const kvs_cuda_engine *e, uintptr_t p)
+{
+	return p >= (uintptr_t)e->arena && p < (uintptr_t)e->arena + e->arena_size;
+}
+
+enum { DIR_NONE, DIR_D2H, DIR_H2D };
+
+/* Which way a staged copy of these tasks would go: DIR_D2H when every
+ * segment copies device memory into pinned L1, DIR_H2D for the reverse, and
+ * DIR_NONE otherwise or when the L1 side's contiguous runs are on average
+ * shorter than stage_min (then the kernel is faster than DMA). */
+static int staged_dir(kvs_cuda_engine *e, kvs_copy_task **tasks, uint32_t nt)
+{
+	if (!e->have_kernel || !e->stage_bytes)
+		return DIR_NONE;
+	int dir = DIR_NONE;
+	uint64_t runs = 0, total = 0;
+	uintptr_t end = 0;
+	for (uint32_t t = 0; t < nt; t++)
+		for (uint32_t i = 0; i < tasks[t]->n_segs; i++) {
+			const kvs_copy_seg *g = &tasks[t]->segs[i];
+			bool dh = in_arena(e, (uintptr_t)g->dst), sh = in_arena(e, (uintptr_t)g->src);
+			int d = dh && !sh ? DIR_D2H : sh && !dh ? DIR_H2D : DIR_NONE;
+			if (d == DIR_NONE || (dir != DIR_NONE && d != dir))
+				return DIR_NONE;
+			dir = d;
+			uintptr_t h = (uintptr_t)(d == DIR_D2H ? g->dst : g->src);
+			if (!zero_copy_ok(e, h, g->len))
+				return DIR_NONE;
+			runs += h != end;
+			end = h + g->len;
+			total += g->len;
+		}
+	return runs && total / runs >= e->stage_min ? dir : DIR_NONE;
+}
+
+static CUresult dma_runs(kvs_cuda_engine *e, CUstream st, CUdeviceptr *dst, CUdeviceptr *src, size_t *len, size_t n)
+{
+	CUresult r = CUDA_SUCCESS;
+	if (e->cu->cuMemcpyBatchAsync && n > 1) {
+		CUmemcpyAttributes at = {.srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_STREAM};
+		size_t idx = 0;
+		for (size_t i = 0; i < n && r == CUDA_SUCCESS; i += BATCH_MAX)
+			r = CU(e, cuMemcpyBatchAsync)(dst + i, src + i, len + i, n - i < BATCH_MAX ? n - i : BATCH_MAX,
+						      &at, &idx, 1, st);
+	} else {
+		for (size_t i = 0; i < n && r == CUDA_SUCCESS; i++)
+			r = CU(e, cuMemcpyAsync)(dst[i], src[i], len[i], st);
+	}
+	e->st.dma_copies += n;
+	return r;
+}
+
+/* One staged submission being built: rounds of one slot each. */
+typedef struct stager {
+	kvs_cuda_engine *e;
+	kvs_cuda_stream *s;
+	bool d2h;
+	seg *pc;                    /* kernel pieces of every round (descriptor buffer) */
+	uint32_t n_pc, cap_pc, pc0; /* pieces so far, capacity, first of this round */
+	CUdeviceptr *xd, *xs;       /* this round's DMA runs */
+	size_t *xl;
+	uint32_t n_x, cap_x;
+	uint64_t fill; /* bytes of the current slot in use */
+} stager;
+
+static CUresult launch(kvs_cuda_engine *e, kvs_cuda_stream *s, CUstream st, seg *segs, unsigned cnt)
+{
+	void *segp = segs;
+	void *args[] = {&segp, &cnt};
+	unsigned grid = cnt < (unsigned)(8 * e->sms[s->dev]) ? cnt : (unsigned)(8 * e->sms[s->dev]);
+	e->st.kernel_launches++;
+	return CU(e, cuLaunchKernel)(e->fn[s->dev], grid, 1, 1, THREADS, 1, 1, 0, st, args, NULL);
+}
+
+/* Queues the current round: D2H gathers into the slot on s->s, then DMA to
+ * L1 on s->dma; H2D the mirror image. */
+static CUresult st_flush(stager *g)
+{
+	if (g->n_pc == g->pc0)
+		return CUDA_SUCCESS;
+	kvs_cuda_engine *e = g->e;
+	kvs_cuda_stream *s = g->s;
+	uint32_t k = s->next_slot;
+	CUresult r;
+	if (g->d2h) {
+		(void)((r = CU(e, cuStreamWaitEvent)(s->s, s->free_[k], 0)) ||
+		       (r = launch(e, s, s->s, g->pc + g->pc0, g->n_pc - g->pc0)) ||
+		       (r = CU(e, cuEventRecord)(s->full[k], s->s)) ||
+		       (r = CU(e, cuStreamWaitEvent)(s->dma, s->full[k], 0)) ||
+		       (r = dma_runs(e, s->dma, g->xd, g->xs, g->xl, g->n_x)) ||
+		       (r = CU(e, cuEventRecord)(s->free_[k], s->dma)));
+	} else {
+		(void)((r = CU(e, cuStreamWaitEvent)(s->dma, s->free_[k], 0)) ||
+		       (r = dma_runs(e, s->dma, g->xd, g->xs, g->xl, g->n_x)) ||
+		       (r = CU(e, cuEventRecord)(s->full[k], s->dma)) ||
+		       (r = CU(e, cuStreamWaitEvent)(s->s, s->full[k], 0)) ||
+		       (r = launch(e, s, s->s, g->pc + g->pc0, g->n_pc - g->pc0)) ||
+		       (r = CU(e, cuEventRecord)(s->free_[k], s->s)));
+	}
+	e->st.staged_rounds++;
+	s->next_slot = (k + 1) % STAGE_SLOTS;
+	g->pc0 = g->n_pc;
+	g->n_x = 0;
+	g->fill = 0;
+	return r;
+}
+
+/* Adds len bytes between device address dv and L1 address hp. */
+static CUresult st_add(stager *g, uintptr_t dv, uintptr_t hp, uint64_t len)
+{
+	kvs_cuda_engine *e = g->e;
+	kvs_cuda_stream *s = g->s;
+	while (len) {
+		CUresult r;
+		if (g->fill >= s->slot_bytes && (r = st_flush(g)) != CUDA_SUCCESS)
+			return r;
+		uint64_t take = len < s->slot_bytes - g->fill ? len : s->slot_bytes - g->fill;
+		uint64_t to_slice = SLICE - (hp - (uintptr_t)e->arena) % SLICE; /* one registration per DMA */
+		take = take < to_slice ? take : to_slice;
+		uintptr_t st = (uintptr_t)s->stage + (uint64_t)s->next_slot * s->slot_bytes + g->fill;
+		for (uint64_t off = 0; off < take; off += PIECE) {
+			uint64_t n = take - off < PIECE ? take - off : PIECE;
+			if (g->n_pc == g->cap_pc)
+				return CUDA_ERROR_INVALID_VALUE; /* bound in submit_staged is wrong */
+			g->pc[g->n_pc++] = g->d2h ? (seg){st + off, dv + off, n} : (seg){dv + off, st + off, n};
+		}
+		uintptr_t hd = g->d2h ? hp : st, hs = g->d2h ? st : hp; /* the run's dst and src */
+		if (g->n_x && g->xd[g->n_x - 1] + g->xl[g->n_x - 1] == hd && g->xs[g->n_x - 1] + g->xl[g->n_x - 1] == hs &&
+		    (hp - (uintptr_t)e->arena) % SLICE != 0) {
+			g->xl[g->n_x - 1] += take;
+		} else {
+			if (g->n_x == g->cap_x) {
+				uint32_t cap = g->cap_x ? 2 * g->cap_x : 256;
+				CUdeviceptr *xd = realloc(g->xd, cap * sizeof(*xd));
+				if (xd)
+					g->xd = xd;
+				CUdeviceptr *xs = realloc(g->xs, cap * sizeof(*xs));
+				if (xs)
+					g->xs = xs;
+				size_t *xl = realloc(g->xl, cap * sizeof(*xl));
+				if (xl)
+					g->xl = xl;
+				if (!xd || !xs || !xl)
+					return CUDA_ERROR_OUT_OF_MEMORY;
+				g->cap_x = cap;
+			}
+			g->xd[g->n_x] = hd;
+			g->xs[g->n_x] = hs;
+			g->xl[g->n_x++] = take;
+		}
+		g->fill = (g->fill + take + 15) & ~15ull; /* slot offsets stay 16-byte aligned */
+		dv += take;
+		hp += take;
+		len -= take;
+	}
+	return CUDA_SUCCESS;
+}
+
+/* A staged part: the kernel moves blocks between the imported memory and
+ * the registration's device staging slots (HBM speed), the DMA engine moves
+ * the slots to or from L1 in runs as long as L1's objects are contiguous.
+ * Two streams, so one slot's DMA overlaps the next slot's kernel. */
+static CUresult submit_staged(kvs_cuda_engine *e, kvs_cuda_stream *s, kvs_copy_task **tasks, uint32_t nt,
+			      bool d2h, inflight *f)
+{
+	uint64_t pieces = 0, total = 0, n_segs = 0;
+	for (uint32_t t = 0; t < nt; t++)
+		for (uint32_t i = 0; i < tasks[t]->n_segs; i++) {
+			pieces += (tasks[t]->segs[i].len + PIECE - 1) / PIECE;
+			total += tasks[t]->segs[i].len;
+			n_segs++;
+		}
+	/* every cut (slot end, slice end) adds at most one piece */
+	pieces += (total + 16 * n_segs) / s->slot_bytes + 2 + total / SLICE + n_segs;
+	if (pieces > UINT32_MAX / 2)
+		return CUDA_ERROR_INVALID_VALUE;
+	f->buf = get_buf(e, (uint32_t)pieces);
+	if (!f->buf)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	stager g = {.e = e, .s = s, .d2h = d2h, .pc = f->buf->segs, .cap_pc = f->buf->cap};
+	CUresult r = CUDA_SUCCESS;
+	for (uint32_t t = 0; t < nt && r == CUDA_SUCCESS; t++)
+		for (uint32_t i = 0; i < tasks[t]->n_segs && r == CUDA_SUCCESS; i++) {
+			const kvs_copy_seg *sg = &tasks[t]->segs[i];
+			r = d2h ? st_add(&g, (uintptr_t)sg->src, (uintptr_t)sg->dst, sg->len)
+				: st_add(&g, (uintptr_t)sg->dst, (uintptr_t)sg->src, sg->len);
+		}
+	if (r == CUDA_SUCCESS)
+		r = st_flush(&g);
+	free(g.xd);
+	free(g.xs);
+	free(g.xl);
+	e->st.staged_parts++;
+	e->st.staged_bytes += total;
+	return r;
+}
+
+/* The unstaged path on s->s: pieces of every segment in one kernel launch,
+ * long contiguous runs to the DMA engine; cuMemcpyAsync per segment without
+ * the kernel or over L1 slices not pinned yet. */
+static CUresult submit_direct(kvs_cuda_engine *e, kvs_cuda_stream *s, kvs_copy_task **tasks, uint32_t nt,
+			      inflight *f)
+{
+	CUresult r = CUDA_SUCCESS;
+	uint64_t n = 0, n_dma = 0;
+	bool all_zc = e->have_kernel;
+	for (uint32_t t = 0; t < nt; t++)
+		for (uint32_t i = 0; i < tasks[t]->n_segs; i++) {
+			const kvs_copy_seg *g = &tasks[t]->segs[i];
+			if (g->len >= e->dma_min) {
+				n_dma++;
+				continue;
+			}
+			n += (g->len + PIECE - 1) / PIECE;
+			if (!zero_copy_ok(e, (uintptr_t)g->dst, g->len) || !zero_copy_ok(e, (uintptr_t)g->src, g->len))
+				all_zc = false;
+		}
+	if (all_zc && n && n <= UINT32_MAX) {
+		f->buf = get_buf(e, (uint32_t)n);
+		if (!f->buf)
+			return CUDA_ERROR_OUT_OF_MEMORY;
+		uint32_t k = 0;
+		for (uint32_t t = 0; t < nt; t++)
+			for (uint32_t i = 0; i < tasks[t]->n_segs; i++) {
+				const kvs_copy_seg *g = &tasks[t]->segs[i];
+				if (g->len >= e->dma_min)
+					continue;
+				for (uint64_t off = 0; off < g->len; off += PIECE) {
+					uint64_t len = g->len - off < PIECE ? g->len - off : PIECE;
+					f->buf->segs[k++] = (seg){(uintptr_t)g->dst + off, (uintptr_t)g->src + off, len};
+				}
+			}
+		if ((r = launch(e, s, s->s, f->buf->segs, (unsigned)n)) != CUDA_SUCCESS)
+			return r;
+	}
+	bool fallback = !(all_zc || (e->have_kernel && !n && n_dma));
+	for (uint32_t t = 0; t < nt && (fallback || n_dma); t++)
+		for (uint32_t i = 0; i < tasks[t]->n_segs; i++) {
+			const kvs_copy_seg *g = &tasks[t]->segs[i];
+			if (!fallback && g->len < e->dma_min)
+				continue;
+			if ((r = CU(e, cuMemcpyAsync)((CUdeviceptr)(uintptr_t)g->dst, (CUdeviceptr)(uintptr_t)g->src, g->len,
+						      s->s)) != CUDA_SUCCESS)
+				return r;
+			if (fallback)
+				e->st.fallback_copies++;
+			else
+				e->st.dma_copies++;
+		}
+	return CUDA_SUCCESS;
+}
+
+/* Does any segment write outside L1 (device memory)? */
+static bool writes_device(const kvs_cuda_engine *e, kvs_copy_task **tasks, uint32_t nt)
+{
+	for (uint32_t t = 0; t < nt; t++)
+		for (uint32_t i = 0; i < tasks[t]->n_segs; i++)
+			if (!in_arena(e, (uintptr_t)tasks[t]->segs[i].dst))
+				return true;
+	return false;
+}
+
 void kvs_cuda_submit(kvs_cuda_engine *e, kvs_cuda_stream *s, kvs_copy_task **tasks, uint32_t nt,
 		     const void *event, size_t event_len)
 {
@@ -440,79 +781,35 @@ void kvs_cuda_submit(kvs_cuda_engine *e, kvs_cuda_stream *s, kvs_copy_task **tas
 		r = CUDA_ERROR_INVALID_CONTEXT;
 		goto fail;
 	}
+	int dir = staged_dir(e, tasks, nt);
+	if (dir != DIR_NONE && !stage_ready(e, s))
+		dir = DIR_NONE;
+	bool writes = dir == DIR_H2D || (dir == DIR_NONE && writes_device(e, tasks, nt));
+	/* the stream this submission starts on, and the one it ends on */
+	CUstream first = dir == DIR_H2D ? s->dma : s->s, final = dir == DIR_D2H ? s->dma : s->s;
 	if (event && event_len == sizeof(CUipcEventHandle)) {
 		CUipcEventHandle h;
 		CUevent ev;
 		memcpy(&h, event, sizeof(h));
-		if ((r = CU(e, cuIpcOpenEventHandle)(&ev, h)) != CUDA_SUCCESS ||
-		    (r = CU(e, cuStreamWaitEvent)(s->s, ev, 0)) != CUDA_SUCCESS)
+		if ((r = CU(e, cuIpcOpenEventHandle)(&ev, h)) != CUDA_SUCCESS)
 			goto fail;
+		r = CU(e, cuStreamWaitEvent)(first, ev, 0);
 		CU(e, cuEventDestroy)(ev);
-	}
-	/* every segment of every task, split into pieces: one kernel launch;
-	 * segments over L1 slices not pinned yet go by cuMemcpyAsync */
-	uint64_t n = 0, n_dma = 0;
-	bool all_zc = e->have_kernel;
-	for (uint32_t t = 0; t < nt; t++)
-		for (uint32_t i = 0; i < tasks[t]->n_segs; i++) {
-			const kvs_copy_seg *g = &tasks[t]->segs[i];
-			if (g->len >= e->dma_min) {
-				n_dma++;
-				continue;
-			}
-			n += (g->len + PIECE - 1) / PIECE;
-			if (!zero_copy_ok(e, (uintptr_t)g->dst, g->len) || !zero_copy_ok(e, (uintptr_t)g->src, g->len))
-				all_zc = false;
-		}
-	if (all_zc && n && n <= UINT32_MAX) {
-		f->buf = get_buf(e, (uint32_t)n);
-		if (!f->buf) {
-			r = CUDA_ERROR_OUT_OF_MEMORY;
+		if (r != CUDA_SUCCESS)
 			goto fail;
-		}
-		uint32_t k = 0;
-		for (uint32_t t = 0; t < nt; t++)
-			for (uint32_t i = 0; i < tasks[t]->n_segs; i++) {
-				const kvs_copy_seg *g = &tasks[t]->segs[i];
-				if (g->len >= e->dma_min)
-					continue;
-				for (uint64_t off = 0; off < g->len; off += PIECE) {
-					uint64_t len = g->len - off < PIECE ? g->len - off : PIECE;
-					f->buf->segs[k++] = (seg){(uintptr_t)g->dst + off, (uintptr_t)g->src + off, len};
-				}
-			}
-		void *segp = f->buf->segs;
-		unsigned cnt = (unsigned)n;
-		void *args[] = {&segp, &cnt};
-		unsigned grid = cnt < (unsigned)(8 * e->sms[s->dev]) ? cnt : (unsigned)(8 * e->sms[s->dev]);
-		if ((r = CU(e, cuLaunchKernel)(e->fn[s->dev], grid, 1, 1, THREADS, 1, 1, 0, s->s, args, NULL)) != CUDA_SUCCESS)
-			goto fail;
-		e->st.kernel_launches++;
 	}
-	if (all_zc || (e->have_kernel && !n && n_dma)) {
-		/* the long contiguous runs: DMA engine */
-		for (uint32_t t = 0; t < nt && n_dma; t++)
-			for (uint32_t i = 0; i < tasks[t]->n_segs; i++) {
-				const kvs_copy_seg *g = &tasks[t]->segs[i];
-				if (g->len < e->dma_min)
-					continue;
-				if ((r = CU(e, cuMemcpyAsync)((CUdeviceptr)(uintptr_t)g->dst, (CUdeviceptr)(uintptr_t)g->src,
-							      g->len, s->s)) != CUDA_SUCCESS)
-					goto fail;
-				e->st.dma_copies++;
-			}
-	} else {
-		for (uint32_t t = 0; t < nt; t++)
-			for (uint32_t i = 0; i < tasks[t]->n_segs; i++) {
-				const kvs_copy_seg *g = &tasks[t]->segs[i];
-				if ((r = CU(e, cuMemcpyAsync)((CUdeviceptr)(uintptr_t)g->dst, (CUdeviceptr)(uintptr_t)g->src,
-							      g->len, s->s)) != CUDA_SUCCESS)
-					goto fail;
-				e->st.fallback_copies++;
-			}
-	}
-	if ((r = CU(e, cuLaunchHostFunc)(s->s, host_done, f)) != CUDA_SUCCESS)
+	/* a submission that writes device memory, or follows one that did,
+	 * starts after the previous one (reads of device memory may overlap) */
+	if (s->stage && (writes || !s->last_read_only) && (r = CU(e, cuStreamWaitEvent)(first, s->last, 0)) != CUDA_SUCCESS)
 		goto fail;
+	r = dir != DIR_NONE ? submit_staged(e, s, tasks, nt, dir == DIR_D2H, f) : submit_direct(e, s, tasks, nt, f);
+	if (r != CUDA_SUCCESS)
+		goto fail;
+	if ((r = CU(e, cuLaunchHostFunc)(final, host_done, f)) != CUDA_SUCCESS)
+		goto fail;
+	if (s->stage && (r = CU(e, cuEventRecord)(s->last, final)) != CUDA_SUCCESS)
+		kvs_warn("ordering event: %s", kvs_cuda_strerror(r)); /* the copy itself is queued */
+	s->last_read_only = !writes;
 	return;
 fail:
 	kvs_warn("copy failed: %s", kvs_cuda_strerror(r));
@@ -520,6 +817,8 @@ fail:
 		tasks[t]->result = KVS_E_DEVICE;
 	/* wait for what was queued before completing the batch */
 	CU(e, cuStreamSynchronize)(s->s);
+	if (s->dma)
+		CU(e, cuStreamSynchronize)(s->dma);
 	put_buf(e, f->buf);
 	f->buf = NULL;
 	e->st.errors++;

@@ -46,15 +46,20 @@ int kvs_cuda_stream_create(kvs_cuda_engine *e, int device, kvs_cuda_stream **ret
 /* Synchronizes, then destroys. Accepts NULL. */
 void kvs_cuda_stream_destroy(kvs_cuda_engine *e, kvs_cuda_stream *s);
 
-/* Queues n copy tasks on stream s as one kernel launch and one completion
- * (after waiting for the producer event, if given: a CUipcEventHandle). The
- * tasks complete together through kvs_cuda_reap. */
+/* Queues n copy tasks (one job part) and one completion, after the producer
+ * event if given (a CUipcEventHandle). Parts whose L1 side is long
+ * contiguous runs are staged: kernel between the imported memory and device
+ * staging slots, DMA between the slots and L1; others go as one kernel
+ * launch over pinned L1 (long device runs by DMA). A part writing device
+ * memory starts after the registration's previous part. The tasks complete
+ * together through kvs_cuda_reap. */
 void kvs_cuda_submit(kvs_cuda_engine *e, kvs_cuda_stream *s, kvs_copy_task **tasks, uint32_t n,
 		     const void *event, size_t event_len);
 kvs_copy_task *kvs_cuda_reap(kvs_cuda_engine *e);
 
 typedef struct kvs_cuda_stats {
 	uint64_t tasks, kernel_launches, dma_copies, fallback_copies, errors, pinned_bytes;
+	uint64_t staged_parts, staged_rounds, staged_bytes;
 } kvs_cuda_stats;
 void kvs_cuda_get_stats(kvs_cuda_engine *e, kvs_cuda_stats *st);
 

@@ -366,8 +366,13 @@ static uint8_t try_finalize(kvs_server *srv, kvs_job *job)
 		J->st.committed++;
 	else
 		J->st.aborted++;
-	kvs_info("job %llu (%s, engine '%s') %s: %s", (unsigned long long)job->id,
-		 kvs_op_name(job->kind), job->engine, kvs_job_state_name(state), job->reason);
+	/* one line per job is too much on the hot path: commits at debug */
+	if (commit)
+		kvs_dbg("job %llu (%s, engine '%s') %s: %s", (unsigned long long)job->id,
+			kvs_op_name(job->kind), job->engine, kvs_job_state_name(state), job->reason);
+	else
+		kvs_info("job %llu (%s, engine '%s') %s: %s", (unsigned long long)job->id,
+			 kvs_op_name(job->kind), job->engine, kvs_job_state_name(state), job->reason);
 	remember_terminal(J, job, state);
 	push_job_done(srv, job, state);
 	job_free(job);

@@ -234,6 +234,9 @@ uint32_t kvs__stats_collect(kvs_server *srv, kvs_counter *c, char (*names)[32])
 	C("cuda_kernel_launches", cs.kernel_launches);
 	C("cuda_fallback_copies", cs.fallback_copies);
 	C("cuda_dma_copies", cs.dma_copies);
+	C("cuda_staged_parts", cs.staged_parts);
+	C("cuda_staged_rounds", cs.staged_rounds);
+	C("cuda_staged_bytes", cs.staged_bytes);
 	C("cuda_errors", cs.errors);
 	C("cuda_pinned_bytes", cs.pinned_bytes);
 #else

@@ -88,6 +88,24 @@ static int rank_setup(const kvb_server *s, const char *engine, uint32_t rank, ui
 	return rc;
 }
 
+/* The replies of a job's part and complete (callbacks on the I/O thread). */
+typedef struct replies {
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	int left, err;
+} replies;
+
+static void reply_err(const kvs_result *res, void *arg)
+{
+	replies *w = arg;
+	pthread_mutex_lock(&w->mu);
+	if (res->code)
+		w->err = res->code;
+	w->left--;
+	pthread_cond_signal(&w->cv);
+	pthread_mutex_unlock(&w->mu);
+}
+
 /* One job of n_keys keys (key ids key0..), blocks id(k, b) = base + stride*(k*bpc+b). */
 static int run_job(rank_ctx *r, bool store, uint64_t job, uint64_t run, uint64_t key0, uint32_t n_keys,
 		   uint32_t base, uint32_t stride)
@@ -102,13 +120,24 @@ static int run_job(rank_ctx *r, bool store, uint64_t job, uint64_t run, uint64_t
 	const int64_t *lists[1] = {ids};
 	uint32_t len = n_keys * r->g.bpc;
 	kvs_blocks bl = {.n_groups = 1, .ids = lists, .len = &len};
-	int st, rc = store ? kvs_store(r->c, job, keys, n_keys, &bl, NULL, 30000, &st)
-			   : kvs_retrieve(r->c, job, keys, n_keys, &bl, 0, 30000, &st);
-	if (!rc)
-		rc = kvs_complete(r->c, job, true, 30000, &st);
+	/* what an engine does: the part and its complete go out back to back
+	 * (the server keeps a session's messages in order and finalises once the
+	 * copy is done), then the rank waits for job_done */
+	replies w = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER, .left = 2};
+	int st = 0, rc = store ? kvs_store_async(r->c, job, keys, n_keys, &bl, NULL, 30000, reply_err, &w)
+			       : kvs_retrieve_async(r->c, job, keys, n_keys, &bl, 0, 30000, reply_err, &w);
+	if (rc)
+		w.left = 0;
+	else if ((rc = kvs_complete_async(r->c, job, true, 30000, reply_err, &w)) != 0)
+		w.left--;
 	if (!rc)
 		rc = kvs_job_wait(r->c, job, 30000, &st);
-	if (!rc && st != KVS_JOB_COMMITTED)
+	/* the complete's reply may trail job_done: wait for both callbacks */
+	pthread_mutex_lock(&w.mu);
+	while (w.left > 0)
+		pthread_cond_wait(&w.cv, &w.mu);
+	pthread_mutex_unlock(&w.mu);
+	if (!rc && (st != KVS_JOB_COMMITTED || w.err))
 		rc = -1;
 	free(keys);
 	free(ids);
@@ -1107,9 +1136,9 @@ int kvb_mode_gpu(const kvb_opts *o)
 	for (int w = 0; sc && w < 3000 && kvb_stat(sc, "cuda_pinned_bytes") < kvb_stat(sc, "l1_capacity"); w++)
 		usleep(10000);
 	int rc = 0;
-	static const uint32_t rank_counts[] = {1, 4, 4};
-	static const uint32_t inflights[] = {1, 1, 2};
-	int n_cfg = 3;
+	static const uint32_t rank_counts[] = {1, 1, 4, 4};
+	static const uint32_t inflights[] = {1, 2, 1, 2};
+	int n_cfg = 4;
 	uint32_t spread_ranks[2] = {o->ranks, o->ranks}, spread_infl[2] = {1, 2};
 	if (o->spread) {
 		kvb_note("gpu --spread: rank r on GPU r %% %d; aggregate GB/s against the sum of the ranks' GPUs' own "

@@ -5,8 +5,11 @@
 #   tests/gpu/gpu-run.sh remote   on the GPU machine (carry build and .gpu-bundle):
 #                                 run the GPU suite, the preload tests and
 #                                 `kvside-bench gpu`, logs in ${OUT:-gpu-logs}/
-#                                 (nvidia-smi.txt, gpu-suite.log, gpu-preload.log,
+#                                 (nvidia-smi.txt, gpu-suite-<path>.log, gpu-preload.log,
 #                                 gpu-bench.md, gpu-bench.err)
+#   tests/gpu/gpu-run.sh remote-bench the GPU benchmark alone (TAG names the
+#                                 output, env such as KVS_CUDA_STAGE_BYTES=0
+#                                 selects the engine's path)
 #   tests/gpu/gpu-run.sh remote-cpu   the other bench modes on the same machine
 #                                 (cpu-bench.md, cpu-bench.err); a separate call
 #                                 keeps each under the device's 10-minute limit
@@ -30,8 +33,20 @@ remote)
   mkdir -p "$out"
   nvidia-smi > "$out/nvidia-smi.txt" 2>&1
   rc=0
-  timeout 500 build/tests/gpu/test_gpu > "$out/gpu-suite.log" 2>&1 || rc=$?
-  echo "gpu suite: exit $rc"; tail -8 "$out/gpu-suite.log"
+  # the suite once per copy path: the default choice, every part staged
+  # through tiny slots (segments cut at slot ends, slots reused many times),
+  # and the kernel alone
+  for v in default staged-tiny kernel-only; do
+    case $v in
+      default) envs=() ;;
+      staged-tiny) envs=(KVS_CUDA_STAGE_MIN=0 KVS_CUDA_STAGE_BYTES=81920) ;;
+      kernel-only) envs=(KVS_CUDA_STAGE_BYTES=0) ;;
+    esac
+    r=0
+    env "${envs[@]}" timeout 300 build/tests/gpu/test_gpu > "$out/gpu-suite-$v.log" 2>&1 || r=$?
+    [ $r -eq 0 ] || rc=$r
+    echo "gpu suite ($v ${envs[*]}): exit $r"; grep -v '^[0-9][0-9]:' "$out/gpu-suite-$v.log" | tail -12
+  done
   KVS_PRELOAD=$PWD/build/worker/libkvside-preload.so timeout 120 build/tests/gpu/test_preload \
     > "$out/gpu-preload.log" 2>&1 || rc=$?
   cat "$out/gpu-preload.log"
@@ -45,6 +60,19 @@ remote)
   fi
   timeout 900 build/tests/bench/kvside-bench gpu ${BENCH_ARGS:-} > "$out/gpu-bench.md" 2> "$out/gpu-bench.err" || rc=$?
   cat "$out/gpu-bench.md"
+  exit $rc
+  ;;
+remote-bench)
+  # the GPU benchmark alone, e.g. KVS_CUDA_STAGE_BYTES=0 for the kernel-only
+  # engine next to the default: gpu-bench${TAG}.md
+  export LD_LIBRARY_PATH=$PWD/.gpu-bundle/lib:${LD_LIBRARY_PATH:-}
+  export KVS_SERVER=$PWD/build/server/kvside-server
+  out=${OUT:-gpu-logs}
+  mkdir -p "$out"
+  rc=0
+  timeout 560 build/tests/bench/kvside-bench gpu ${BENCH_ARGS:-} > "$out/gpu-bench${TAG:-}.md" \
+    2> "$out/gpu-bench${TAG:-}.err" || rc=$?
+  cat "$out/gpu-bench${TAG:-}.md"
   exit $rc
   ;;
 remote-multi)
@@ -77,7 +105,7 @@ remote-cpu)
   exit $rc
   ;;
 *)
-  echo "usage: $0 local|remote|remote-multi|remote-cpu" >&2
+  echo "usage: $0 local|remote|remote-bench|remote-multi|remote-cpu" >&2
   exit 2
   ;;
 esac

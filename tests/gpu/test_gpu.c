@@ -359,9 +359,17 @@ int main(void)
 	printf("store -> lookup (16 hits) -> retrieve into disjoint blocks: byte-exact on %d ranks (the recurrent "
 	       "group: only the last chunk's state written), rest untouched\n", W);
 	CHECK(kvt_stat(sc, "cuda_errors") == 0, "cuda errors");
-	printf("cuda stats: tasks=%llu kernel_launches=%llu fallback_copies=%llu\n",
+	printf("cuda stats: tasks=%llu kernel_launches=%llu fallback_copies=%llu staged_parts=%llu staged_rounds=%llu\n",
 	       (unsigned long long)kvt_stat(sc, "cuda_tasks"), (unsigned long long)kvt_stat(sc, "cuda_kernel_launches"),
-	       (unsigned long long)kvt_stat(sc, "cuda_fallback_copies"));
+	       (unsigned long long)kvt_stat(sc, "cuda_fallback_copies"), (unsigned long long)kvt_stat(sc, "cuda_staged_parts"),
+	       (unsigned long long)kvt_stat(sc, "cuda_staged_rounds"));
+	/* gpu-run.sh runs the suite once per copy path: make sure it took it */
+	const char *smin = getenv("KVS_CUDA_STAGE_MIN"), *sbytes = getenv("KVS_CUDA_STAGE_BYTES");
+	if (sbytes && strcmp(sbytes, "0") == 0)
+		CHECK(kvt_stat(sc, "cuda_staged_parts") == 0, "staging disabled, yet parts were staged");
+	else if (smin && strcmp(smin, "0") == 0)
+		CHECK(kvt_stat(sc, "cuda_staged_parts") >= 2 * W, "staging forced, yet only %llu parts staged",
+		      (unsigned long long)kvt_stat(sc, "cuda_staged_parts"));
 
 	/* unregister then register again, same server process */
 	all(p, W, (cmd){.op = C_UNREG}, 0);
