@@ -14,6 +14,7 @@
 #include "kvs_cuda.h"
 #include "kvs_error.h"
 #include "kvs_log.h"
+#include "kvs_time.h"
 
 #define MAX_DEV 16
 #define SLICE (1ull << 30)       /* L1 pinning granule */
@@ -56,6 +57,7 @@ typedef struct desc_buf {
 typedef struct inflight {
 	kvs_copy_task **tasks;
 	uint32_t n_tasks;
+	uint64_t t_submit, t_done; /* ns: queued, callback ran */
 	desc_buf *buf;
 	kvs_cuda_engine *e;
 	struct inflight *next;
@@ -431,6 +433,7 @@ static void CUDA_CB host_done(void *arg)
 {
 	inflight *f = arg;
 	kvs_cuda_engine *e = f->e;
+	f->t_done = kvs_now_ns();
 	pthread_mutex_lock(&e->mu);
 	f->next = e->done;
 	e->done = f;
@@ -805,6 +808,7 @@ void kvs_cuda_submit(kvs_cuda_engine *e, kvs_cuda_stream *s, kvs_copy_task **tas
 	r = dir != DIR_NONE ? submit_staged(e, s, tasks, nt, dir == DIR_D2H, f) : submit_direct(e, s, tasks, nt, f);
 	if (r != CUDA_SUCCESS)
 		goto fail;
+	f->t_submit = kvs_now_ns();
 	if ((r = CU(e, cuLaunchHostFunc)(final, host_done, f)) != CUDA_SUCCESS)
 		goto fail;
 	if (s->stage && (r = CU(e, cuEventRecord)(s->last, final)) != CUDA_SUCCESS)
@@ -834,6 +838,10 @@ kvs_copy_task *kvs_cuda_reap(kvs_cuda_engine *e)
 	kvs_copy_task *list = NULL;
 	while (f) {
 		inflight *next = f->next;
+		if (f->t_submit && f->t_done > f->t_submit) {
+			e->st.part_ns += f->t_done - f->t_submit;
+			e->st.parts++;
+		}
 		put_buf(e, f->buf);
 		for (uint32_t i = 0; i < f->n_tasks; i++) {
 			f->tasks[i]->next = list;

@@ -60,6 +60,7 @@ kvs_copy_task *kvs_cuda_reap(kvs_cuda_engine *e);
 typedef struct kvs_cuda_stats {
 	uint64_t tasks, kernel_launches, dma_copies, fallback_copies, errors, pinned_bytes;
 	uint64_t staged_parts, staged_rounds, staged_bytes;
+	uint64_t parts, part_ns; /* parts completed; their time from queued to callback */
 } kvs_cuda_stats;
 void kvs_cuda_get_stats(kvs_cuda_engine *e, kvs_cuda_stats *st);
 

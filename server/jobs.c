@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <xxhash.h>
 
 #define KVS_LOG_COMPONENT "jobs"
 #include "copy_host.h"
@@ -22,6 +23,7 @@
 #include "kvs_l1.h"
 #include "kvs_l2.h"
 #include "kvs_log.h"
+#include "kvs_time.h"
 #include "ops.h"
 #include "registry.h"
 
@@ -109,6 +111,8 @@ struct kvs_jobs {
 	kvs_lpin *lpins;   /* lookup pins (pin_ms) */
 	uint32_t n_lpins, cap_lpins;
 	kvs_jobs_stats st;
+	uint64_t *bits;      /* scratch bitmap over block ids, all zero between uses */
+	uint64_t bits_words;
 };
 
 /* ---- helpers --------------------------------------------------------------- */
@@ -137,23 +141,63 @@ static void obj_key(kvs_objkey *k, const uint8_t ns[16], uint32_t world, uint32_
 	k->group = group;
 }
 
-/* Digest of a part's content: what a repeat must match. */
+/* Digest of a part's content: what a repeat must match. XXH3-128, not
+ * BLAKE2b: only the engine's own ranks can name its jobs, and a part carries
+ * up to hundreds of KiB of block ids (BLAKE2b cost ~130 us per 16k ids). */
 static void part_digest(const kvs_msg *rq, uint8_t out[16])
 {
-	crypto_generichash_state st;
-	crypto_generichash_init(&st, NULL, 0, 16);
+	XXH3_state_t *st = XXH3_createState();
+	if (!st) { /* out of memory: a digest of the keys alone still tells most repeats apart */
+		XXH128_hash_t h = XXH3_128bits(rq->keys, (size_t)rq->n_keys * KVS_KEY_BYTES);
+		memcpy(out, &h, 16);
+		return;
+	}
+	XXH3_128bits_reset(st);
 	uint32_t op = rq->op;
-	crypto_generichash_update(&st, (const uint8_t *)&op, sizeof(op));
-	crypto_generichash_update(&st, rq->keys, (size_t)rq->n_keys * KVS_KEY_BYTES);
-	crypto_generichash_update(&st, (const uint8_t *)&rq->blocks.n, sizeof(rq->blocks.n));
+	XXH3_128bits_update(st, &op, sizeof(op));
+	XXH3_128bits_update(st, rq->keys, (size_t)rq->n_keys * KVS_KEY_BYTES);
+	XXH3_128bits_update(st, &rq->blocks.n, sizeof(rq->blocks.n));
 	for (uint32_t g = 0; g < rq->blocks.n; g++) {
-		crypto_generichash_update(&st, (const uint8_t *)&rq->blocks.len[g], 4);
-		crypto_generichash_update(&st, (const uint8_t *)rq->blocks.ids[g],
-					  (size_t)rq->blocks.len[g] * sizeof(int64_t));
+		XXH3_128bits_update(st, &rq->blocks.len[g], 4);
+		XXH3_128bits_update(st, rq->blocks.ids[g], (size_t)rq->blocks.len[g] * sizeof(int64_t));
 	}
 	uint64_t extra[2] = {rq->skip_tokens, rq->lazy};
-	crypto_generichash_update(&st, (const uint8_t *)extra, sizeof(extra));
-	crypto_generichash_final(&st, out, 16);
+	XXH3_128bits_update(st, extra, sizeof(extra));
+	XXH128_hash_t h = XXH3_128bits_digest(st);
+	XXH3_freeState(st);
+	memcpy(out, &h, 16);
+}
+
+/* Marks id in the scratch bitmap; true if it was already marked. The bitmap
+ * is all zero between uses: callers unmark what they marked (bits_clear). */
+static bool bits_mark(kvs_jobs *J, uint64_t id)
+{
+	uint64_t w = id >> 6, m = 1ull << (id & 63);
+	bool had = J->bits[w] & m;
+	J->bits[w] |= m;
+	return had;
+}
+
+static void bits_clear(kvs_jobs *J, const int64_t *ids, uint32_t n, int64_t null_id)
+{
+	for (uint32_t i = 0; i < n; i++)
+		if (ids[i] != null_id)
+			J->bits[(uint64_t)ids[i] >> 6] = 0;
+}
+
+/* Makes the bitmap hold at least nbits (zeroed). */
+static int bits_reserve(kvs_jobs *J, uint64_t nbits)
+{
+	uint64_t words = (nbits + 63) / 64;
+	if (words <= J->bits_words)
+		return 0;
+	uint64_t *b = calloc(words, sizeof(*b));
+	if (!b)
+		return -ENOMEM;
+	free(J->bits);
+	J->bits = b;
+	J->bits_words = words;
+	return 0;
 }
 
 int kvs_jobs_create(kvs_server *srv, kvs_jobs **ret)
@@ -454,17 +498,11 @@ static void plan_undo(kvs_server *srv, plan *pl, kvs_op kind)
 	free(pl->tasks);
 }
 
-static int cmp_u64(const void *a, const void *b)
-{
-	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-	return x < y ? -1 : x > y;
-}
-
 /* Checks the block lists against the registration: one list per group, each
  * with blocks_per_chunk ids per key; ids in range or the group's null id. */
 static int check_blocks(kvs_server *srv, const kvs_reg *g, const kvs_msg *rq)
 {
-	uint64_t *tmp = NULL;
+	kvs_jobs *J_;
 	int r = 0;
 	if (rq->blocks.n != g->n_groups)
 		return kvs__fail(srv, KVS_E_GEOMETRY, "blocks: %u lists for %u groups", rq->blocks.n, g->n_groups);
@@ -489,28 +527,25 @@ static int check_blocks(kvs_server *srv, const kvs_reg *g, const kvs_msg *rq)
 		}
 		/* a retrieve writing one block twice would race its own copies */
 		if (rq->op == KVS_OP_RETRIEVE && rq->blocks.len[gi] > 1) {
-			uint32_t n = 0;
-			uint64_t *nt = realloc(tmp, rq->blocks.len[gi] * sizeof(*tmp));
-			if (!nt) {
+			J_ = srv->jobs;
+			if (bits_reserve(J_, G->num_blocks) != 0) {
 				r = kvs__fail(srv, KVS_E_INTERNAL, "out of memory");
 				goto out;
 			}
-			tmp = nt;
-			for (uint32_t i = 0; i < rq->blocks.len[gi]; i++)
-				if (rq->blocks.ids[gi][i] != G->desc.null_block)
-					tmp[n++] = (uint64_t)rq->blocks.ids[gi][i];
-			qsort(tmp, n, sizeof(*tmp), cmp_u64);
-			for (uint32_t i = 1; i < n; i++)
-				if (tmp[i] == tmp[i - 1]) {
-					r = kvs__fail(srv, KVS_E_GEOMETRY, "blocks[%u]: destination block %llu named twice",
-						      gi, (unsigned long long)tmp[i]);
-					goto out;
-				}
+			const int64_t *ids = rq->blocks.ids[gi];
+			uint32_t i = 0;
+			for (; i < rq->blocks.len[gi]; i++)
+				if (ids[i] != G->desc.null_block && bits_mark(J_, (uint64_t)ids[i]))
+					break;
+			bits_clear(J_, ids, i < rq->blocks.len[gi] ? i + 1 : i, G->desc.null_block);
+			if (i < rq->blocks.len[gi]) {
+				r = kvs__fail(srv, KVS_E_GEOMETRY, "blocks[%u]: destination block %llu named twice", gi,
+					      (unsigned long long)ids[i]);
+				goto out;
+			}
 		}
 	}
 out:
-	/* every exit after the first group frees the scratch list */
-	free(tmp);
 	return r;
 }
 
@@ -526,18 +561,18 @@ static int plan_store(kvs_server *srv, kvs_session *s, const kvs_reg *g, const k
 	pl->objs = calloc(max ? max : 1, sizeof(*pl->objs));
 	pl->geoms = calloc(max ? max : 1, sizeof(*pl->geoms));
 	pl->tasks = calloc(max ? max : 1, sizeof(*pl->tasks));
-	uint64_t total_ids = 0;
+	uint64_t max_blocks = 0;
 	for (uint32_t gi = 0; gi < g->n_groups; gi++)
-		total_ids += rq->blocks.len[gi];
-	uint64_t *uniq = calloc(total_ids ? total_ids : 1, sizeof(*uniq));
-	if (!pl->objs || !pl->geoms || !pl->tasks || !uniq) {
-		free(uniq);
+		max_blocks = g->groups[gi].num_blocks > max_blocks ? g->groups[gi].num_blocks : max_blocks;
+	if (!pl->objs || !pl->geoms || !pl->tasks || bits_reserve(srv->jobs, max_blocks) != 0)
 		return kvs__fail(srv, KVS_E_INTERNAL, "out of memory");
-	}
-	uint64_t n_uniq = 0;
+	/* retention: each distinct non-null source block once (a bitmap per
+	 * group, cleared before leaving the group, whatever the exit) */
+	uint64_t distinct = 0;
 	for (uint32_t gi = 0; gi < g->n_groups; gi++) {
 		const kvs_reg_group *G = &g->groups[gi];
 		uint32_t bpc = G->desc.blocks_per_chunk;
+#define UNMARK() bits_clear(srv->jobs, rq->blocks.ids[gi], rq->blocks.len[gi], G->desc.null_block)
 		for (uint32_t k = 0; k < rq->n_keys; k++) {
 			const int64_t *ids = rq->blocks.ids[gi] + (size_t)k * bpc;
 			uint32_t nulls = 0, sel = 0;
@@ -553,18 +588,18 @@ static int plan_store(kvs_server *srv, kvs_session *s, const kvs_reg *g, const k
 			 * the one at the chunk's end boundary, chosen by the engine */
 			bool recurrent = G->desc.kind == KVS_GROUP_RECURRENT;
 			if (recurrent && bpc - nulls != 1) {
-				free(uniq);
+				UNMARK();
 				return kvs__fail(srv, KVS_E_GEOMETRY,
 						 "blocks[%u]: recurrent group %u carries %u state blocks for chunk %u, exactly one expected",
 						 gi, G->desc.id, bpc - nulls, k);
 			}
 			if (!recurrent && nulls) {
-				free(uniq);
+				UNMARK();
 				return kvs__fail(srv, KVS_E_GEOMETRY, "blocks[%u]: chunk %u mixes null and real blocks", gi, k);
 			}
 			uint32_t b0 = recurrent ? sel : 0, b1 = recurrent ? sel + 1 : bpc;
 			for (uint32_t b = b0; b < b1; b++)
-				uniq[n_uniq++] = ((uint64_t)gi << 48) | (uint64_t)ids[b];
+				distinct += !bits_mark(srv->jobs, (uint64_t)ids[b]);
 			kvs_objkey key;
 			obj_key(&key, ns, s->world, s->rank, G->desc.id, rq->keys + (size_t)k * KVS_KEY_BYTES);
 			kvs_l1_obj *o;
@@ -584,7 +619,7 @@ static int plan_store(kvs_server *srv, kvs_session *s, const kvs_reg *g, const k
 					srv->jobs->st.store_staged++;
 			}
 			if (r) {
-				free(uniq);
+				UNMARK();
 				return kvs__fail(srv, r == KVS_E_NOSPACE ? KVS_E_NOSPACE : KVS_E_INTERNAL,
 						 "L1 cannot hold %llu more bytes: %s",
 						 (unsigned long long)G->obj_bytes, kvs_strerror(r));
@@ -596,7 +631,7 @@ static int plan_store(kvs_server *srv, kvs_session *s, const kvs_reg *g, const k
 			if (!t || !segs) {
 				free(t);
 				free(segs);
-				free(uniq);
+				UNMARK();
 				return kvs__fail(srv, KVS_E_INTERNAL, "out of memory");
 			}
 			uint8_t *dst = kvs_l1_data(o);
@@ -620,14 +655,10 @@ static int plan_store(kvs_server *srv, kvs_session *s, const kvs_reg *g, const k
 			t->obj = o;
 			pl->tasks[pl->n_tasks++] = t;
 		}
+		UNMARK();
+#undef UNMARK
 	}
-	/* retention: each distinct non-null source block once */
-	qsort(uniq, n_uniq, sizeof(*uniq), cmp_u64);
-	uint64_t d = 0;
-	for (uint64_t i = 0; i < n_uniq; i++)
-		d += i == 0 || uniq[i] != uniq[i - 1];
-	pl->retained = d;
-	free(uniq);
+	pl->retained = distinct;
 	return 0;
 }
 
@@ -1050,8 +1081,17 @@ static int op_part(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
 	return 0;
 }
 
-int kvs__op_store(kvs_server *srv, kvs_session *s, const kvs_msg *rq) { return op_part(srv, s, rq); }
-int kvs__op_retrieve(kvs_server *srv, kvs_session *s, const kvs_msg *rq) { return op_part(srv, s, rq); }
+static int op_part_timed(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
+{
+	uint64_t t0 = kvs_now_ns();
+	int r = op_part(srv, s, rq);
+	srv->jobs->st.parts++;
+	srv->jobs->st.part_ns += kvs_now_ns() - t0;
+	return r;
+}
+
+int kvs__op_store(kvs_server *srv, kvs_session *s, const kvs_msg *rq) { return op_part_timed(srv, s, rq); }
+int kvs__op_retrieve(kvs_server *srv, kvs_session *s, const kvs_msg *rq) { return op_part_timed(srv, s, rq); }
 
 /* ---- complete ------------------------------------------------------------------ */
 
@@ -1263,6 +1303,7 @@ void kvs_jobs_destroy(kvs_server *srv, kvs_jobs *J)
 	for (uint32_t i = 0; i < J->n_lpins; i++)
 		kvs_l1_unpin(srv->l1, J->lpins[i].obj);
 	free(J->lpins);
+	free(J->bits);
 	for (uint32_t i = 0; i < J->count; i++)
 		terminal_free(J->ring[(J->head + i) % J->cap]);
 	free(J->ring);

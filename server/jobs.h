@@ -36,6 +36,7 @@ typedef struct kvs_jobs_stats {
 	uint64_t store_objects, store_skipped, store_staged, retrieve_objects, copy_bytes;
 	uint64_t copy_bytes_dir[2][2]; /* [0 store (device->L1) / 1 retrieve][0 host / 1 cuda] */
 	uint64_t pins;
+	uint64_t parts, part_ns; /* store/retrieve parts accepted; loop time doing so */
 	uint64_t promotions, promotion_failures, prefetches, lookup_hits_l2;
 } kvs_jobs_stats;
 void kvs_jobs_get_stats(const kvs_jobs *j, kvs_jobs_stats *st);

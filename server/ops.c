@@ -168,6 +168,8 @@ uint32_t kvs__stats_collect(kvs_server *srv, kvs_counter *c, char (*names)[32])
 	C("store_objects", js.store_objects);
 	C("store_skipped_cached", js.store_skipped);
 	C("store_staged", js.store_staged);
+	C("job_parts", js.parts);
+	C("job_part_us", js.part_ns / 1000);
 	C("retrieve_objects", js.retrieve_objects);
 	C("copy_bytes", js.copy_bytes);
 	C("copy_bytes_store_host", js.copy_bytes_dir[0][0]);
@@ -237,6 +239,8 @@ uint32_t kvs__stats_collect(kvs_server *srv, kvs_counter *c, char (*names)[32])
 	C("cuda_staged_parts", cs.staged_parts);
 	C("cuda_staged_rounds", cs.staged_rounds);
 	C("cuda_staged_bytes", cs.staged_bytes);
+	C("cuda_parts", cs.parts);
+	C("cuda_part_us", cs.part_ns / 1000);
 	C("cuda_errors", cs.errors);
 	C("cuda_pinned_bytes", cs.pinned_bytes);
 #else

@@ -93,6 +93,7 @@ typedef struct replies {
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
 	int left, err;
+	double t_part; /* when the part's reply came */
 } replies;
 
 static void reply_err(const kvs_result *res, void *arg)
@@ -106,10 +107,17 @@ static void reply_err(const kvs_result *res, void *arg)
 	pthread_mutex_unlock(&w->mu);
 }
 
+static void part_reply(const kvs_result *res, void *arg)
+{
+	((replies *)arg)->t_part = kvb_now();
+	reply_err(res, arg);
+}
+
 /* One job of n_keys keys (key ids key0..), blocks id(k, b) = base + stride*(k*bpc+b). */
 static int run_job(rank_ctx *r, bool store, uint64_t job, uint64_t run, uint64_t key0, uint32_t n_keys,
-		   uint32_t base, uint32_t stride)
+		   uint32_t base, uint32_t stride, double *ret_reply)
 {
+	double t0 = kvb_now();
 	uint8_t *keys = malloc((size_t)n_keys * 32);
 	int64_t *ids = malloc((size_t)n_keys * r->g.bpc * sizeof(int64_t));
 	for (uint32_t k = 0; k < n_keys; k++) {
@@ -124,8 +132,8 @@ static int run_job(rank_ctx *r, bool store, uint64_t job, uint64_t run, uint64_t
 	 * (the server keeps a session's messages in order and finalises once the
 	 * copy is done), then the rank waits for job_done */
 	replies w = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER, .left = 2};
-	int st = 0, rc = store ? kvs_store_async(r->c, job, keys, n_keys, &bl, NULL, 30000, reply_err, &w)
-			       : kvs_retrieve_async(r->c, job, keys, n_keys, &bl, 0, 30000, reply_err, &w);
+	int st = 0, rc = store ? kvs_store_async(r->c, job, keys, n_keys, &bl, NULL, 30000, part_reply, &w)
+			       : kvs_retrieve_async(r->c, job, keys, n_keys, &bl, 0, 30000, part_reply, &w);
 	if (rc)
 		w.left = 0;
 	else if ((rc = kvs_complete_async(r->c, job, true, 30000, reply_err, &w)) != 0)
@@ -139,6 +147,8 @@ static int run_job(rank_ctx *r, bool store, uint64_t job, uint64_t run, uint64_t
 	pthread_mutex_unlock(&w.mu);
 	if (!rc && (st != KVS_JOB_COMMITTED || w.err))
 		rc = -1;
+	if (ret_reply)
+		*ret_reply = w.t_part - t0;
 	free(keys);
 	free(ids);
 	return rc;
@@ -149,6 +159,7 @@ typedef struct rank_out {
 	double t_store, t_retrieve;
 	uint32_t n_lat;
 	double lat_store[512], lat_retrieve[512];
+	double reply_store[512], reply_retrieve[512]; /* part sent -> its reply */
 } rank_out;
 
 typedef struct copy_cfg {
@@ -176,7 +187,8 @@ static void *lane_main(void *arg)
 	for (uint32_t j = l->first; j < cc->jobs && !l->rc; j += step) {
 		double t = kvb_now();
 		uint64_t job = cc->run * 1000000 + (l->store ? 0 : 500000) + j;
-		l->rc = run_job(l->r, l->store, job, cc->run, (uint64_t)j * cc->chunks, cc->chunks, l->store ? 0 : 1, 2);
+		l->rc = run_job(l->r, l->store, job, cc->run, (uint64_t)j * cc->chunks, cc->chunks, l->store ? 0 : 1, 2,
+				&(l->store ? l->out->reply_store : l->out->reply_retrieve)[j % 512]);
 		(l->store ? l->out->lat_store : l->out->lat_retrieve)[j % 512] = kvb_now() - t;
 	}
 	return NULL;
@@ -404,7 +416,7 @@ static void control_child(const kvb_server *s, const copy_cfg *cc, uint32_t rank
 	double t0 = kvb_now();
 	for (uint32_t j = 0; j < cc->jobs && !out.rc; j++) {
 		double t = kvb_now();
-		out.rc = run_job(&r, true, cc->run * 1000000 + j, cc->run, j, 1, 0, 1);
+		out.rc = run_job(&r, true, cc->run * 1000000 + j, cc->run, j, 1, 0, 1, NULL);
 		out.lat_store[j % 512] = kvb_now() - t;
 	}
 	out.t_store = kvb_now() - t0;
@@ -809,7 +821,7 @@ static int fill(kvs_client *sc, rank_ctx *r, uint64_t run, uint64_t n)
 {
 	for (uint64_t done = 0, j = 0; done < n; j++) {
 		uint32_t k = (uint32_t)(n - done < 4096 ? n - done : 4096);
-		int rc = run_job(r, true, run * 1000000 + j, run, done, k, 0, 1);
+		int rc = run_job(r, true, run * 1000000 + j, run, done, k, 0, 1, NULL);
 		if (rc)
 			return rc;
 		done += k;
@@ -1151,15 +1163,25 @@ int kvb_mode_gpu(const kvb_opts *o)
 				       .inflight = o->spread ? spread_infl[ri] : (inflights[ri] > o->inflight ? inflights[ri] : o->inflight)};
 			cc.g.spread = o->spread;
 			cc.g.cuda = true;
+			/* 2 GiB per configuration whatever the rank count: a lone rank
+			 * runs 32 jobs, enough that filling and draining its pipeline
+			 * is not what is measured */
 			uint64_t chunk_bytes = copy_size(&cc, blocks[bi], o->quick ? (16u << 20) : (64u << 20),
-							 o->quick ? (64u << 20) : (512u << 20));
+							 (o->quick ? (256ull << 20) : (2048ull << 20)) / cc.ranks);
 			rank_out outs[64];
 			double bytes, ts, tr;
+			static const char *const cnt[] = {"job_parts", "job_part_us", "cuda_parts", "cuda_part_us",
+							  "loop_busy_us"};
+			uint64_t c0[5], c1[5];
+			for (int i = 0; i < 5; i++)
+				c0[i] = kvb_stat(sc, cnt[i]);
 			if (copy_measure(&s, &cc, chunk_bytes, "gpu", outs, &bytes, &ts, &tr) != 0) {
 				rc = 1;
 				continue;
 			}
-			char nm[96];
+			for (int i = 0; i < 5; i++)
+				c1[i] = kvb_stat(sc, cnt[i]) - c0[i];
+			char nm[160];
 			snprintf(nm, sizeof(nm), "gpu store %lluK blocks, %u rank(s) x %u in flight", (unsigned long long)(cc.g.block >> 10),
 				 cc.ranks, cc.inflight ? cc.inflight : 1);
 			kvb_result(nm, bytes / ts / 1e9, "GB/s", o->spread ? sum_d2h : gb.d2h, ">= 0.90 x DMA ceiling");
@@ -1174,9 +1196,23 @@ int kvb_mode_gpu(const kvb_opts *o)
 					kvb_result(nm, gb.batch[bi], "GB/s", gb.d2h, "");
 				}
 			}
-			snprintf(nm, sizeof(nm), "gpu store job p50 (%lluK, %u rank(s), %llu MiB/rank)", (unsigned long long)(cc.g.block >> 10),
-				 cc.ranks, (unsigned long long)(chunk_bytes * cc.chunks >> 20));
+			snprintf(nm, sizeof(nm), "gpu store job p50 (%lluK, %u rank(s) x %u, %llu MiB/rank)", (unsigned long long)(cc.g.block >> 10),
+				 cc.ranks, cc.inflight ? cc.inflight : 1, (unsigned long long)(chunk_bytes * cc.chunks >> 20));
 			kvb_result(nm, kvb_pct(outs[0].lat_store, outs[0].n_lat, 0.5) * 1e3, "ms", 0, "");
+			if (cc.ranks == 1 && cc.inflight <= 1 && !o->spread && c1[0] && c1[2]) {
+				/* where a lone job's time goes: the copy (queued -> callback,
+				 * server side), the loop accepting the part, the rest is
+				 * messaging and completion */
+				snprintf(nm, sizeof(nm), "gpu %lluK 1x1 breakdown: store job p50 / part reply p50 / copy per part / loop per part",
+					 (unsigned long long)(cc.g.block >> 10));
+				char v[160];
+				snprintf(v, sizeof(v), "%.0f / %.0f / %.0f / %.0f us", kvb_pct(outs[0].lat_store, outs[0].n_lat, 0.5) * 1e6,
+					 kvb_pct(outs[0].reply_store, outs[0].n_lat, 0.5) * 1e6, (double)c1[3] / (double)c1[2],
+					 (double)c1[1] / (double)c1[0]);
+				kvb_note("%s: %s (retrieve job p50 %.0f us, reply p50 %.0f us; loop busy %.0f us per part)", nm, v,
+					 kvb_pct(outs[0].lat_retrieve, outs[0].n_lat, 0.5) * 1e6,
+					 kvb_pct(outs[0].reply_retrieve, outs[0].n_lat, 0.5) * 1e6, (double)c1[4] / (double)c1[0]);
+			}
 		}
 	}
 	kvb_note("gpu: store/retrieve GB/s are whole jobs end to end (store + complete + job_done, all ranks), "
