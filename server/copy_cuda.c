@@ -58,6 +58,8 @@ typedef struct inflight {
 	kvs_copy_task **tasks;
 	uint32_t n_tasks;
 	uint64_t t_submit, t_done; /* ns: queued, callback ran */
+	CUevent end;               /* recorded after the part's last copy, or 0 */
+	int dev;                   /* whose context owns end */
 	desc_buf *buf;
 	kvs_cuda_engine *e;
 	struct inflight *next;
@@ -78,8 +80,9 @@ struct kvs_cuda_map {
  * read only after full[i]. Staging is allocated at the first staged part. */
 struct kvs_cuda_stream {
 	int dev;
-	CUstream s;          /* kernels, unstaged copies, host callbacks */
+	CUstream s;          /* kernels, unstaged copies */
 	CUstream dma;        /* staged parts: DMA between staging and L1 */
+	CUstream cb;         /* completion callbacks, off the copy streams, or 0 */
 	CUdeviceptr stage;   /* STAGE_SLOTS slots of slot_bytes, or 0 */
 	uint64_t slot_bytes;
 	CUevent full[STAGE_SLOTS], free_[STAGE_SLOTS], last;
@@ -370,6 +373,11 @@ int kvs_cuda_stream_create(kvs_cuda_engine *e, int device, kvs_cuda_stream **ret
 		free(s);
 		return KVS_E_DEVICE;
 	}
+	/* a host function blocks its stream until the driver thread has run it
+	 * (tens of microseconds): on a stream of its own it does not hold up the
+	 * registration's next part */
+	if (CU(e, cuStreamCreate)(&s->cb, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS)
+		s->cb = 0;
 	*ret = s;
 	return 0;
 }
@@ -383,6 +391,10 @@ void kvs_cuda_stream_destroy(kvs_cuda_engine *e, kvs_cuda_stream *s)
 	if (s->dma) {
 		CU(e, cuStreamSynchronize)(s->dma);
 		CU(e, cuStreamDestroy)(s->dma);
+	}
+	if (s->cb) {
+		CU(e, cuStreamSynchronize)(s->cb);
+		CU(e, cuStreamDestroy)(s->cb);
 	}
 	CU(e, cuStreamDestroy)(s->s);
 	for (int i = 0; i < STAGE_SLOTS; i++) {
@@ -809,7 +821,15 @@ void kvs_cuda_submit(kvs_cuda_engine *e, kvs_cuda_stream *s, kvs_copy_task **tas
 	if (r != CUDA_SUCCESS)
 		goto fail;
 	f->t_submit = kvs_now_ns();
-	if ((r = CU(e, cuLaunchHostFunc)(final, host_done, f)) != CUDA_SUCCESS)
+	CUstream done_on = final;
+	f->dev = s->dev;
+	if (s->cb && CU(e, cuEventCreate)(&f->end, CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS) {
+		if ((r = CU(e, cuEventRecord)(f->end, final)) != CUDA_SUCCESS ||
+		    (r = CU(e, cuStreamWaitEvent)(s->cb, f->end, 0)) != CUDA_SUCCESS)
+			goto fail;
+		done_on = s->cb;
+	}
+	if ((r = CU(e, cuLaunchHostFunc)(done_on, host_done, f)) != CUDA_SUCCESS)
 		goto fail;
 	if (s->stage && (r = CU(e, cuEventRecord)(s->last, final)) != CUDA_SUCCESS)
 		kvs_warn("ordering event: %s", kvs_cuda_strerror(r)); /* the copy itself is queued */
@@ -823,6 +843,8 @@ fail:
 	CU(e, cuStreamSynchronize)(s->s);
 	if (s->dma)
 		CU(e, cuStreamSynchronize)(s->dma);
+	if (s->cb)
+		CU(e, cuStreamSynchronize)(s->cb);
 	put_buf(e, f->buf);
 	f->buf = NULL;
 	e->st.errors++;
@@ -843,6 +865,8 @@ kvs_copy_task *kvs_cuda_reap(kvs_cuda_engine *e)
 			e->st.parts++;
 		}
 		put_buf(e, f->buf);
+		if (f->end && use(e, f->dev) == 0)
+			CU(e, cuEventDestroy)(f->end);
 		for (uint32_t i = 0; i < f->n_tasks; i++) {
 			f->tasks[i]->next = list;
 			list = f->tasks[i];
