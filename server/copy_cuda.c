@@ -792,6 +792,7 @@ void kvs_cuda_submit(kvs_cuda_engine *e, kvs_cuda_stream *s, kvs_copy_task **tas
 	}
 	memcpy(own, tasks, nt * sizeof(*own));
 	*f = (inflight){.tasks = own, .n_tasks = nt, .e = e};
+	uint64_t t0 = kvs_now_ns();
 	if (use(e, s->dev) != 0) {
 		r = CUDA_ERROR_INVALID_CONTEXT;
 		goto fail;
@@ -821,6 +822,7 @@ void kvs_cuda_submit(kvs_cuda_engine *e, kvs_cuda_stream *s, kvs_copy_task **tas
 	if (r != CUDA_SUCCESS)
 		goto fail;
 	f->t_submit = kvs_now_ns();
+	e->st.submit_ns += f->t_submit - t0;
 	CUstream done_on = final;
 	f->dev = s->dev;
 	if (s->cb && CU(e, cuEventCreate)(&f->end, CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS) {

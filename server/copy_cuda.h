@@ -61,6 +61,7 @@ typedef struct kvs_cuda_stats {
 	uint64_t tasks, kernel_launches, dma_copies, fallback_copies, errors, pinned_bytes;
 	uint64_t staged_parts, staged_rounds, staged_bytes;
 	uint64_t parts, part_ns; /* parts completed; their time from queued to callback */
+	uint64_t submit_ns;      /* main-loop time spent queueing parts */
 } kvs_cuda_stats;
 void kvs_cuda_get_stats(kvs_cuda_engine *e, kvs_cuda_stats *st);
 

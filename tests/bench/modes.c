@@ -1171,15 +1171,15 @@ int kvb_mode_gpu(const kvb_opts *o)
 			rank_out outs[64];
 			double bytes, ts, tr;
 			static const char *const cnt[] = {"job_parts", "job_part_us", "cuda_parts", "cuda_part_us",
-							  "loop_busy_us"};
-			uint64_t c0[5], c1[5];
-			for (int i = 0; i < 5; i++)
+							  "loop_busy_us", "cuda_submit_us", "cuda_dma_copies"};
+			uint64_t c0[7], c1[7];
+			for (int i = 0; i < 7; i++)
 				c0[i] = kvb_stat(sc, cnt[i]);
 			if (copy_measure(&s, &cc, chunk_bytes, "gpu", outs, &bytes, &ts, &tr) != 0) {
 				rc = 1;
 				continue;
 			}
-			for (int i = 0; i < 5; i++)
+			for (int i = 0; i < 7; i++)
 				c1[i] = kvb_stat(sc, cnt[i]) - c0[i];
 			char nm[160];
 			snprintf(nm, sizeof(nm), "gpu store %lluK blocks, %u rank(s) x %u in flight", (unsigned long long)(cc.g.block >> 10),
@@ -1209,9 +1209,11 @@ int kvb_mode_gpu(const kvb_opts *o)
 				snprintf(v, sizeof(v), "%.0f / %.0f / %.0f / %.0f us", kvb_pct(outs[0].lat_store, outs[0].n_lat, 0.5) * 1e6,
 					 kvb_pct(outs[0].reply_store, outs[0].n_lat, 0.5) * 1e6, (double)c1[3] / (double)c1[2],
 					 (double)c1[1] / (double)c1[0]);
-				kvb_note("%s: %s (retrieve job p50 %.0f us, reply p50 %.0f us; loop busy %.0f us per part)", nm, v,
+				kvb_note("%s: %s (retrieve job p50 %.0f us, reply p50 %.0f us; loop busy %.0f us per part, of which "
+					 "driver calls %.0f us; %.1f DMA runs per part)", nm, v,
 					 kvb_pct(outs[0].lat_retrieve, outs[0].n_lat, 0.5) * 1e6,
-					 kvb_pct(outs[0].reply_retrieve, outs[0].n_lat, 0.5) * 1e6, (double)c1[4] / (double)c1[0]);
+					 kvb_pct(outs[0].reply_retrieve, outs[0].n_lat, 0.5) * 1e6, (double)c1[4] / (double)c1[0],
+					 (double)c1[5] / (double)c1[2], (double)c1[6] / (double)c1[2]);
 			}
 		}
 	}
