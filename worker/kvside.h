@@ -235,7 +235,10 @@ typedef struct kvs_store_opts {
 
 /** Asynchronous calls: 0 once queued (done is then called exactly once, on
  * the I/O thread), or an error now (done never called). Key and block arrays
- * are copied before return. */
+ * are copied before return. Requests leave in the order queued, so a rank may
+ * queue its store/retrieve and then its complete without waiting for the
+ * first reply, and wait for the job with kvs_job_wait (one round trip less
+ * per job; protocol.md §6.9). */
 int kvs_store_async(kvs_client *c, uint64_t job, const uint8_t *keys, uint32_t n_keys,
 		    const kvs_blocks *blocks, const kvs_store_opts *opts, int timeout_ms,
 		    kvs_done_fn done, void *arg);

@@ -502,7 +502,7 @@ int kvb_mode_control(const kvb_opts *o)
 		kvb_result("control tiny job p50 latency", kvb_pct(outs[0].lat_store, outs[0].n_lat, 0.5) * 1e6, "us",
 			   rtt * 1e6, "");
 		kvb_note("control baseline: one raw ZeroMQ DEALER/ROUTER echo round trip of a 200-byte message (%.1f us); "
-			 "a job is three exchanges (store, complete, job_done)", rtt * 1e6);
+			 "a job is store and complete sent back to back, their replies, and the job_done push", rtt * 1e6);
 	} else {
 		rc = 1;
 	}
@@ -524,7 +524,7 @@ int kvb_mode_control(const kvb_opts *o)
 		kvb_result("control 2 MiB/rank job: control overhead / copy time", per_job / copy_s * 100, "%", 0, "< 5 %");
 		kvb_note("control overhead = main-loop busy time per job (decode, plan, bookkeeping, replies; all %u ranks) "
 			 "over the job's copy time at the same-run single-thread gather memcpy rate (%.2f GB/s); end-to-end "
-			 "latency adds 3 client round trips through the libkvside I/O thread", o->ranks, gbs);
+			 "latency adds the client's messages through the libkvside I/O thread", o->ranks, gbs);
 	} else {
 		rc = 1;
 	}

@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <poll.h>
 #include <signal.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -118,6 +119,48 @@ static void verify(region *rg, const kvt_cmd *cmd, kvt_res *res)
 	res->code = 0;
 }
 
+/* Replies of a part and its complete sent back to back. */
+typedef struct pair_wait {
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	int left, code[2], state[2];
+} pair_wait;
+
+static void pair_done(pair_wait *w, int i, const kvs_result *r)
+{
+	pthread_mutex_lock(&w->mu);
+	w->code[i] = r->code;
+	w->state[i] = r->state;
+	w->left--;
+	pthread_cond_signal(&w->cv);
+	pthread_mutex_unlock(&w->mu);
+}
+
+static void part_cb(const kvs_result *r, void *arg) { pair_done(arg, 0, r); }
+static void complete_cb(const kvs_result *r, void *arg) { pair_done(arg, 1, r); }
+
+static void part_then_complete(kvs_client *c, const kvt_cmd *cmd, const uint8_t *keys, const kvs_blocks *bl,
+			       int to, kvt_res *res)
+{
+	pair_wait w = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER, .left = 2};
+	int r = cmd->op == KVT_STORE_COMPLETE
+			? kvs_store_async(c, cmd->job, keys, cmd->n_keys, bl, NULL, to, part_cb, &w)
+			: kvs_retrieve_async(c, cmd->job, keys, cmd->n_keys, bl, cmd->skip_tokens, to, part_cb, &w);
+	if (r) {
+		res->code = r;
+		return;
+	}
+	r = kvs_complete_async(c, cmd->job, true, to, complete_cb, &w);
+	pthread_mutex_lock(&w.mu);
+	if (r)
+		w.left--;
+	while (w.left > 0)
+		pthread_cond_wait(&w.cv, &w.mu);
+	pthread_mutex_unlock(&w.mu);
+	res->code = w.code[0];
+	res->state = r ? -1 : w.code[1] ? -w.code[1] : w.state[1];
+}
+
 static void rank_main(kvt_server *s, const char *engine, uint32_t rank, uint32_t world, int cfd, int rfd)
 {
 	kvs_client *c = kvt_client(s, engine, KVS_ROLE_WORKER, rank, world, NULL, NULL);
@@ -166,6 +209,14 @@ static void rank_main(kvt_server *s, const char *engine, uint32_t rank, uint32_t
 			break;
 		case KVT_COMPLETE:
 			res.code = kvs_complete(c, cmd.job, cmd.ok, to, &res.state);
+			break;
+		case KVT_STORE_COMPLETE:
+			fill_lists(&cmd, cmd.src_base, l0, l1);
+			part_then_complete(c, &cmd, keys, &bl, to, &res);
+			break;
+		case KVT_RETRIEVE_COMPLETE:
+			fill_lists(&cmd, cmd.dst_base, l0, l1);
+			part_then_complete(c, &cmd, keys, &bl, to, &res);
 			break;
 		case KVT_VERIFY:
 			verify(&rg, &cmd, &res);

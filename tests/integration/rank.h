@@ -17,7 +17,11 @@
 #define KVT_NUM_BLOCKS 64
 
 enum kvt_cmd_op { KVT_STORE = 1, KVT_RETRIEVE, KVT_COMPLETE, KVT_VERIFY, KVT_UNREGISTER,
-		  KVT_REGISTER, KVT_STATE, KVT_EXIT, KVT_STORE_RAW, KVT_RESET, KVT_PEEK };
+		  KVT_REGISTER, KVT_STATE, KVT_EXIT, KVT_STORE_RAW, KVT_RESET, KVT_PEEK,
+		  /* the part and its complete ("ok") queued back to back, without
+		   * waiting for the part's reply: code = the part's, state = the
+		   * complete's reply */
+		  KVT_STORE_COMPLETE, KVT_RETRIEVE_COMPLETE };
 
 typedef struct kvt_cmd {
 	int op;

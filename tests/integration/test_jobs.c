@@ -120,6 +120,47 @@ START_TEST(store_lookup_retrieve_roundtrip)
 }
 END_TEST
 
+/* A part and its complete sent back to back (the pattern protocol.md §6.9
+ * recommends): the job commits once the copies are done, byte-exact; a
+ * refused part sent the same way aborts its job and changes nothing. */
+START_TEST(part_and_complete_back_to_back)
+{
+	world w;
+	world_up(&w, "3000", "60000", "2000");
+	all_do(&w, (kvt_cmd){.op = KVT_STORE_COMPLETE, .job = 11, .n_keys = N, .src_base = 0}, 0, -1);
+	ck_assert_int_eq(wait_job(&w, 11, 5000), KVS_JOB_COMMITTED);
+	ck_assert_uint_eq(lookup(w.sched, 0, N), N);
+	all_do(&w, (kvt_cmd){.op = KVT_RETRIEVE_COMPLETE, .job = 12, .n_keys = N, .dst_base = 32}, 0, -1);
+	ck_assert_int_eq(wait_job(&w, 12, 5000), KVS_JOB_COMMITTED);
+	for (uint32_t i = 0; i < W; i++) {
+		kvt_res res;
+		kvt_cmd v = {.op = KVT_VERIFY, .n_keys = N, .src_base = 0, .dst_base = 32};
+		ck_assert_int_eq(kvt_rank_do(&w.r[i], &v, &res), 0);
+		ck_assert_msg(res.value == 0, "rank %u: %llu bytes differ", i, (unsigned long long)res.value);
+	}
+	/* rank 0's part names a block out of range: refused, its complete
+	 * answered "aborted", the job aborts for every rank, nothing new cached */
+	uint64_t objs = kvt_stat(w.sched, "l1_objects");
+	kvt_res res;
+	kvt_cmd bad = {.op = KVT_STORE_COMPLETE, .job = 13, .first_key = N, .n_keys = 2, .src_base = KVT_NUM_BLOCKS - 2};
+	ck_assert_int_eq(kvt_rank_do(&w.r[0], &bad, &res), 0);
+	ck_assert_int_eq(res.code, KVS_E_RANGE);
+	ck_assert_int_eq(res.state, KVS_JOB_ABORTED);
+	ck_assert_int_eq(wait_job(&w, 13, 5000), KVS_JOB_ABORTED);
+	for (uint32_t i = 1; i < W; i++) {
+		kvt_cmd good = {.op = KVT_STORE_COMPLETE, .job = 13, .first_key = N, .n_keys = 2, .src_base = 0};
+		ck_assert_int_eq(kvt_rank_do(&w.r[i], &good, &res), 0);
+		ck_assert_int_eq(res.code, 0);
+		ck_assert_int_eq(res.state, KVS_JOB_ABORTED);
+	}
+	ck_assert_uint_eq(kvt_stat(w.sched, "l1_objects"), objs);
+	ck_assert_uint_eq(lookup(w.sched, N, 2), 0);
+	ck_assert_uint_eq(kvt_stat(w.sched, "jobs_open"), 0);
+	ck_assert_uint_eq(kvt_stat(w.sched, "retained_blocks"), 0);
+	world_down(&w);
+}
+END_TEST
+
 START_TEST(concurrent_overlapping_stores)
 {
 	world w;
@@ -422,6 +463,7 @@ static Suite *jobs_suite(void)
 	TCase *tc = tcase_create("jobs");
 	tcase_set_timeout(tc, 90);
 	tcase_add_test(tc, store_lookup_retrieve_roundtrip);
+	tcase_add_test(tc, part_and_complete_back_to_back);
 	tcase_add_test(tc, concurrent_overlapping_stores);
 	tcase_add_test(tc, killed_rank_aborts_job);
 	tcase_add_test(tc, repeats_after_terminal_change_nothing);
