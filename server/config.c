@@ -56,6 +56,10 @@ static const kvs_config_key keys[] = {
 	{"metrics-stall-ms", KVS_CFG_MS, F(metrics_stall_ms), 0, 1, DAY_MS, "MS",
 	 "/healthz fails when the main loop has not ticked for this long"},
 	{"log-level", KVS_CFG_LEVEL, F(log_level), 0, 0, 0, "LEVEL", "error, warn, info, debug"},
+	{"cuda-staging", KVS_CFG_SIZE, F(cuda_staging), 0, 0, 1ull << 40, "BYTES",
+	 "device memory per GPU registration for staged copies, 4 slots (0: kernel only)"},
+	{"cuda-stage-min", KVS_CFG_SIZE, F(cuda_stage_min), 0, 0, 1ull << 40, "BYTES",
+	 "stage a job part when its L1 runs average at least this"},
 	{NULL, 0, 0, 0, 0, 0, NULL, NULL},
 };
 

@@ -27,17 +27,17 @@
  * kernel wins (one copy per block: 12 % at 16 KiB, 34 % at 64 KiB).
  * KVS_CUDA_DMA_MIN overrides it (bytes; 0 = never). */
 #define DMA_MIN_DEFAULT (2u << 20)
-/* Staged copies (see submit_staged): each registration gets STAGE_DEFAULT
+/* Staged copies (see submit_staged): each registration gets `cuda-staging`
  * bytes of device memory in STAGE_SLOTS slots; a part whose L1 side comes in
- * contiguous host extents of STAGE_MIN_DEFAULT bytes or more on average goes
+ * contiguous host extents of `cuda-stage-min` bytes or more on average goes
  * through it: blocks gathered (or scattered) on the device by the kernel, the
  * PCIe crossing done by the DMA engine in long runs. Measured on an H200:
- * batched DMA of 2 MiB runs reaches 99 % of the one-copy ceiling, a kernel
- * writing or reading mapped host memory 90-95 %. KVS_CUDA_STAGE_BYTES
- * (0 = never stage) and KVS_CUDA_STAGE_MIN (bytes) override them. */
+ * batched DMA of 2 MiB runs reaches 98-99 % of the one-copy ceiling, a kernel
+ * writing or reading mapped host memory 90-93 % pipelined; 8 MiB slots fill
+ * the pipeline sooner than 16 MiB ones (defaults in kvs_server_config_defaults).
+ * KVS_CUDA_STAGE_BYTES (0 = never stage) and KVS_CUDA_STAGE_MIN (bytes)
+ * override the configuration. */
 #define STAGE_SLOTS 4
-#define STAGE_DEFAULT (32ull << 20) /* 4 slots of 8 MiB: 16 MiB slots measured slower to fill */
-#define STAGE_MIN_DEFAULT (512u << 10)
 #define BATCH_MAX 4096 /* entries per cuMemcpyBatchAsync call */
 
 extern const char kvs_ptx[]; /* generated from cuda/kernels.cu, or empty */
@@ -146,8 +146,8 @@ static void *pin_main(void *arg)
 	return NULL;
 }
 
-int kvs_cuda_engine_create(int efd, void *arena, uint64_t arena_size, kvs_cuda_engine **ret, char *err,
-			   size_t errlen)
+int kvs_cuda_engine_create(int efd, void *arena, uint64_t arena_size, const kvs_cuda_opts *opts,
+			   kvs_cuda_engine **ret, char *err, size_t errlen)
 {
 	const kvs_cuda_api *cu = kvs_cuda();
 	if (!cu->ok) {
@@ -168,9 +168,10 @@ int kvs_cuda_engine_create(int efd, void *arena, uint64_t arena_size, kvs_cuda_e
 	e->dma_min = dm ? strtoull(dm, NULL, 10) : DMA_MIN_DEFAULT;
 	if (!e->dma_min)
 		e->dma_min = UINT64_MAX;
+	/* the environment overrides the configuration (the GPU suite runs each path) */
 	const char *sb = getenv("KVS_CUDA_STAGE_BYTES"), *sm = getenv("KVS_CUDA_STAGE_MIN");
-	e->stage_bytes = sb ? strtoull(sb, NULL, 10) : STAGE_DEFAULT;
-	e->stage_min = sm ? strtoull(sm, NULL, 10) : STAGE_MIN_DEFAULT;
+	e->stage_bytes = sb ? strtoull(sb, NULL, 10) : opts->stage_bytes;
+	e->stage_min = sm ? strtoull(sm, NULL, 10) : opts->stage_min;
 	if (e->stage_bytes < STAGE_SLOTS * 4096ull)
 		e->stage_bytes = 0;
 	for (int d = 0; d < e->n_dev; d++) {
@@ -405,8 +406,10 @@ void kvs_cuda_stream_destroy(kvs_cuda_engine *e, kvs_cuda_stream *s)
 	}
 	if (s->last)
 		CU(e, cuEventDestroy)(s->last);
-	if (s->stage)
+	if (s->stage) {
 		CU(e, cuMemFree)(s->stage);
+		e->st.staging_bytes -= s->slot_bytes * STAGE_SLOTS;
+	}
 	free(s);
 }
 
@@ -433,6 +436,7 @@ static bool stage_ready(kvs_cuda_engine *e, kvs_cuda_stream *s)
 			 (unsigned long long)(e->stage_bytes >> 20), s->dev, kvs_cuda_strerror(r));
 		return false;
 	}
+	e->st.staging_bytes += s->slot_bytes * STAGE_SLOTS;
 	/* work queued on s->s before staging existed: later submissions order
 	 * themselves after it through `last` */
 	if (CU(e, cuEventRecord)(s->last, s->s) != CUDA_SUCCESS)

@@ -18,11 +18,16 @@ typedef struct kvs_cuda_map kvs_cuda_map;   /* one imported allocation */
 typedef struct kvs_cuda_stream kvs_cuda_stream;
 
 /* Creates the engine when a GPU and driver are present (-ENODEV otherwise,
- * with why in err). Pins the L1 arena for device access in the background,
+ * with why in err); opts is required. Pins the L1 arena for device access in the background,
  * slice by slice, so start-up stays fast; copies touching a slice not yet
  * pinned fall back to cuMemcpyAsync. */
-int kvs_cuda_engine_create(int efd, void *arena, uint64_t arena_size, kvs_cuda_engine **ret,
-			   char *err, size_t errlen);
+typedef struct kvs_cuda_opts {
+	uint64_t stage_bytes; /* device staging per registration; 0 (or < 16 KiB) = never stage */
+	uint64_t stage_min;   /* mean L1 run from which a part is staged */
+} kvs_cuda_opts;
+
+int kvs_cuda_engine_create(int efd, void *arena, uint64_t arena_size, const kvs_cuda_opts *opts,
+			   kvs_cuda_engine **ret, char *err, size_t errlen);
 void kvs_cuda_engine_destroy(kvs_cuda_engine *e);
 /* "kernel (PTX)" or "cuMemcpyBatchAsync" or "cuMemcpyAsync": what copies. */
 const char *kvs_cuda_engine_mode(const kvs_cuda_engine *e);
@@ -62,6 +67,7 @@ typedef struct kvs_cuda_stats {
 	uint64_t staged_parts, staged_rounds, staged_bytes;
 	uint64_t parts, part_ns; /* parts completed; their time from queued to callback */
 	uint64_t submit_ns;      /* main-loop time spent queueing parts */
+	uint64_t staging_bytes;  /* device memory held for staging now */
 } kvs_cuda_stats;
 void kvs_cuda_get_stats(kvs_cuda_engine *e, kvs_cuda_stats *st);
 

@@ -46,6 +46,8 @@ void kvs_server_config_defaults(kvs_server_config *cfg)
 	cfg->l2_sync = 0; /* KVS_L2_SYNC_FULL */
 	snprintf(cfg->metrics_listen, sizeof(cfg->metrics_listen), "127.0.0.1:9464");
 	cfg->metrics_stall_ms = 2000;
+	cfg->cuda_staging = 32ull << 20;
+	cfg->cuda_stage_min = 512ull << 10;
 }
 
 int kvs__fail(kvs_server *srv, int code, const char *fmt, ...)

@@ -55,7 +55,8 @@ int kvs__ops_init(kvs_server *srv)
 		uint64_t asz;
 		void *arena = kvs_l1_arena(srv->l1, &asz);
 		char why[160] = "";
-		if (kvs_cuda_engine_create(srv->efd, arena, asz, &srv->cuda, why, sizeof(why)) != 0) {
+		kvs_cuda_opts co = {.stage_bytes = srv->cfg.cuda_staging, .stage_min = srv->cfg.cuda_stage_min};
+		if (kvs_cuda_engine_create(srv->efd, arena, asz, &co, &srv->cuda, why, sizeof(why)) != 0) {
 			srv->cuda = NULL;
 			kvs_info("CUDA engine: not available (%s); host engine only", why);
 		}
@@ -239,6 +240,7 @@ uint32_t kvs__stats_collect(kvs_server *srv, kvs_counter *c, char (*names)[32])
 	C("cuda_staged_parts", cs.staged_parts);
 	C("cuda_staged_rounds", cs.staged_rounds);
 	C("cuda_staged_bytes", cs.staged_bytes);
+	C("cuda_staging_bytes", cs.staging_bytes);
 	C("cuda_parts", cs.parts);
 	C("cuda_part_us", cs.part_ns / 1000);
 	C("cuda_submit_us", cs.submit_ns / 1000);

@@ -40,6 +40,8 @@ typedef struct kvs_server_config {
 	bool l1_prefault;       /* fault the arena in at start (background) */
 	char metrics_listen[128]; /* HOST:PORT of the metrics/health HTTP endpoint; "" = off */
 	uint64_t metrics_stall_ms; /* /healthz fails when the loop has not ticked for this long */
+	uint64_t cuda_staging;  /* device staging bytes per CUDA registration; 0 = kernel only */
+	uint64_t cuda_stage_min; /* stage a part when its L1 runs average at least this */
 } kvs_server_config;
 
 void kvs_server_config_defaults(kvs_server_config *cfg);

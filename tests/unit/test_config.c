@@ -290,7 +290,8 @@ START_TEST(example_file_holds_the_defaults)
 			{"drain-ms", "7"}, {"copy-threads", "7"}, {"terminal-jobs", "7"},
 			{"prefault", "false"}, {"allow-uid", "7"}, {"l2-path", "/x"}, {"l2-size", "5M"},
 			{"l2-sync", "none"}, {"metrics-listen", "127.0.0.1:7"},
-			{"metrics-stall-ms", "7"}, {"log-level", "error"}};
+			{"metrics-stall-ms", "7"}, {"log-level", "error"}, {"cuda-staging", "7M"},
+			{"cuda-stage-min", "7K"}};
 		for (size_t i = 0; i < sizeof(odd) / sizeof(odd[0]); i++)
 			if (strcmp(odd[i].name, k->name) == 0)
 				ck_assert_int_eq(kvs_config_set(&c, k->name, odd[i].val, err, sizeof(err)), 0);
