@@ -77,12 +77,11 @@ struct kvs_cuda_map {
  * one submission that writes device memory, or follows a submission that
  * did, starts after the previous submission's `last`; slot i of the staging
  * memory is refilled only after free[i] (the previous use drained), and
- * read only after full[i]; every cross-stream wait names an event whose
- * record was queued earlier (no cycle with the shared DMA streams). Staging
- * is allocated at the first staged part. */
+ * read only after full[i]. Staging is allocated at the first staged part. */
 struct kvs_cuda_stream {
 	int dev;
 	CUstream s;          /* kernels, unstaged copies */
+	CUstream dma;        /* staged parts: DMA between staging and L1 */
 	CUstream cb;         /* completion callbacks, off the copy streams, or 0 */
 	CUdeviceptr stage;   /* STAGE_SLOTS slots of slot_bytes, or 0 */
 	uint64_t slot_bytes;
@@ -111,12 +110,6 @@ struct kvs_cuda_engine {
 	pthread_t pin_thr;
 	bool pin_started;
 	desc_buf *pool; /* free pooled descriptor buffers (main loop) */
-	/* staged DMA, one stream per device and direction ([0] to L1, [1] from
-	 * L1), shared by every registration of the device: the link's transfers
-	 * run one after another in submission order (concurrent DMA streams of
-	 * several ranks measured slower), both directions at once; created
-	 * with the first staging memory of the device */
-	CUstream xfer[MAX_DEV][2];
 	uint64_t dma_min;
 	uint64_t stage_bytes, stage_min; /* per registration; mean host extent */
 	pthread_mutex_t mu;
@@ -239,12 +232,10 @@ void kvs_cuda_engine_destroy(kvs_cuda_engine *e)
 		free(b);
 	}
 	for (int d = 0; d < e->n_dev; d++) {
-		use(e, d);
-		for (int x = 0; x < 2; x++)
-			if (e->xfer[d][x])
-				CU(e, cuStreamDestroy)(e->xfer[d][x]);
-		if (e->mod[d])
+		if (e->mod[d]) {
+			use(e, d);
 			CU(e, cuModuleUnload)(e->mod[d]);
+		}
 		CU(e, cuDevicePrimaryCtxRelease)(e->dev[d]);
 	}
 	free(e->ready);
@@ -398,9 +389,10 @@ void kvs_cuda_stream_destroy(kvs_cuda_engine *e, kvs_cuda_stream *s)
 		return;
 	use(e, s->dev);
 	CU(e, cuStreamSynchronize)(s->s);
-	if (s->stage) /* its DMA went through the device's shared streams */
-		for (int d = 0; d < 2; d++)
-			CU(e, cuStreamSynchronize)(e->xfer[s->dev][d]);
+	if (s->dma) {
+		CU(e, cuStreamSynchronize)(s->dma);
+		CU(e, cuStreamDestroy)(s->dma);
+	}
 	if (s->cb) {
 		CU(e, cuStreamSynchronize)(s->cb);
 		CU(e, cuStreamDestroy)(s->cb);
@@ -428,10 +420,7 @@ static bool stage_ready(kvs_cuda_engine *e, kvs_cuda_stream *s)
 		return true;
 	if (s->stage_off || !e->stage_bytes)
 		return false;
-	CUresult r = CUDA_SUCCESS;
-	for (int d = 0; d < 2 && r == CUDA_SUCCESS; d++)
-		if (!e->xfer[s->dev][d])
-			r = CU(e, cuStreamCreate)(&e->xfer[s->dev][d], CU_STREAM_NON_BLOCKING);
+	CUresult r = CU(e, cuStreamCreate)(&s->dma, CU_STREAM_NON_BLOCKING);
 	for (int i = 0; i < STAGE_SLOTS && r == CUDA_SUCCESS; i++)
 		if ((r = CU(e, cuEventCreate)(&s->full[i], CU_EVENT_DISABLE_TIMING)) == CUDA_SUCCESS)
 			r = CU(e, cuEventCreate)(&s->free_[i], CU_EVENT_DISABLE_TIMING);
@@ -592,7 +581,7 @@ static CUresult launch(kvs_cuda_engine *e, kvs_cuda_stream *s, CUstream st, seg 
 }
 
 /* Queues the current round: D2H gathers into the slot on s->s, then DMA to
- * L1 on the device's shared DMA stream; H2D the mirror image. */
+ * L1 on s->dma; H2D the mirror image. */
 static CUresult st_flush(stager *g)
 {
 	if (g->n_pc == g->pc0)
@@ -600,19 +589,18 @@ static CUresult st_flush(stager *g)
 	kvs_cuda_engine *e = g->e;
 	kvs_cuda_stream *s = g->s;
 	uint32_t k = s->next_slot;
-	CUstream dma = e->xfer[s->dev][g->d2h ? 0 : 1];
 	CUresult r;
 	if (g->d2h) {
 		(void)((r = CU(e, cuStreamWaitEvent)(s->s, s->free_[k], 0)) ||
 		       (r = launch(e, s, s->s, g->pc + g->pc0, g->n_pc - g->pc0)) ||
 		       (r = CU(e, cuEventRecord)(s->full[k], s->s)) ||
-		       (r = CU(e, cuStreamWaitEvent)(dma, s->full[k], 0)) ||
-		       (r = dma_runs(e, dma, g->xd, g->xs, g->xl, g->n_x)) ||
-		       (r = CU(e, cuEventRecord)(s->free_[k], dma)));
+		       (r = CU(e, cuStreamWaitEvent)(s->dma, s->full[k], 0)) ||
+		       (r = dma_runs(e, s->dma, g->xd, g->xs, g->xl, g->n_x)) ||
+		       (r = CU(e, cuEventRecord)(s->free_[k], s->dma)));
 	} else {
-		(void)((r = CU(e, cuStreamWaitEvent)(dma, s->free_[k], 0)) ||
-		       (r = dma_runs(e, dma, g->xd, g->xs, g->xl, g->n_x)) ||
-		       (r = CU(e, cuEventRecord)(s->full[k], dma)) ||
+		(void)((r = CU(e, cuStreamWaitEvent)(s->dma, s->free_[k], 0)) ||
+		       (r = dma_runs(e, s->dma, g->xd, g->xs, g->xl, g->n_x)) ||
+		       (r = CU(e, cuEventRecord)(s->full[k], s->dma)) ||
 		       (r = CU(e, cuStreamWaitEvent)(s->s, s->full[k], 0)) ||
 		       (r = launch(e, s, s->s, g->pc + g->pc0, g->n_pc - g->pc0)) ||
 		       (r = CU(e, cuEventRecord)(s->free_[k], s->s)));
@@ -818,7 +806,7 @@ void kvs_cuda_submit(kvs_cuda_engine *e, kvs_cuda_stream *s, kvs_copy_task **tas
 		dir = DIR_NONE;
 	bool writes = dir == DIR_H2D || (dir == DIR_NONE && writes_device(e, tasks, nt));
 	/* the stream this submission starts on, and the one it ends on */
-	CUstream first = dir == DIR_H2D ? e->xfer[s->dev][1] : s->s, final = dir == DIR_D2H ? e->xfer[s->dev][0] : s->s;
+	CUstream first = dir == DIR_H2D ? s->dma : s->s, final = dir == DIR_D2H ? s->dma : s->s;
 	if (event && event_len == sizeof(CUipcEventHandle)) {
 		CUipcEventHandle h;
 		CUevent ev;
@@ -859,8 +847,8 @@ fail:
 		tasks[t]->result = KVS_E_DEVICE;
 	/* wait for what was queued before completing the batch */
 	CU(e, cuStreamSynchronize)(s->s);
-	for (int d = 0; d < 2 && s->stage; d++)
-		CU(e, cuStreamSynchronize)(e->xfer[s->dev][d]);
+	if (s->dma)
+		CU(e, cuStreamSynchronize)(s->dma);
 	if (s->cb)
 		CU(e, cuStreamSynchronize)(s->cb);
 	put_buf(e, f->buf);
