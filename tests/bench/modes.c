@@ -1163,11 +1163,12 @@ int kvb_mode_gpu(const kvb_opts *o)
 				       .inflight = o->spread ? spread_infl[ri] : (inflights[ri] > o->inflight ? inflights[ri] : o->inflight)};
 			cc.g.spread = o->spread;
 			cc.g.cuda = true;
-			/* 2 GiB per configuration whatever the rank count: a lone rank
-			 * runs 32 jobs, enough that filling and draining its pipeline
-			 * is not what is measured */
+			/* 8 GiB per configuration whatever the rank count (128 jobs for
+			 * a lone rank, 32 per rank for four): filling and draining the
+			 * pipeline is not what is measured, and a run lasts long
+			 * enough (~0.16 s) to be repeatable */
 			uint64_t chunk_bytes = copy_size(&cc, blocks[bi], o->quick ? (16u << 20) : (64u << 20),
-							 (o->quick ? (256ull << 20) : (2048ull << 20)) / cc.ranks);
+							 (o->quick ? (256ull << 20) : (8192ull << 20)) / cc.ranks);
 			rank_out outs[64];
 			double bytes, ts, tr;
 			static const char *const cnt[] = {"job_parts", "job_part_us", "cuda_parts", "cuda_part_us",
