@@ -837,8 +837,13 @@ void kvs_cuda_submit(kvs_cuda_engine *e, kvs_cuda_stream *s, kvs_copy_task **tas
 	}
 	if ((r = CU(e, cuLaunchHostFunc)(done_on, host_done, f)) != CUDA_SUCCESS)
 		goto fail;
-	if (s->stage && (r = CU(e, cuEventRecord)(s->last, final)) != CUDA_SUCCESS)
-		kvs_warn("ordering event: %s", kvs_cuda_strerror(r)); /* the copy itself is queued */
+	if (s->stage && (r = CU(e, cuEventRecord)(s->last, final)) != CUDA_SUCCESS) {
+		/* the copy itself is queued; without a fresh `last` the next part
+		 * could overlap it, so wait for it here instead */
+		kvs_warn("ordering event: %s; synchronizing", kvs_cuda_strerror(r));
+		CU(e, cuStreamSynchronize)(final);
+		CU(e, cuStreamSynchronize)(s->s);
+	}
 	s->last_read_only = !writes;
 	return;
 fail:

@@ -134,10 +134,14 @@ static int run_job(rank_ctx *r, bool store, uint64_t job, uint64_t run, uint64_t
 	replies w = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER, .left = 2};
 	int st = 0, rc = store ? kvs_store_async(r->c, job, keys, n_keys, &bl, NULL, 30000, part_reply, &w)
 			       : kvs_retrieve_async(r->c, job, keys, n_keys, &bl, 0, 30000, part_reply, &w);
-	if (rc)
-		w.left = 0;
-	else if ((rc = kvs_complete_async(r->c, job, true, 30000, reply_err, &w)) != 0)
-		w.left--;
+	bool part_queued = rc == 0, complete_queued = false;
+	if (part_queued)
+		complete_queued = (rc = kvs_complete_async(r->c, job, true, 30000, reply_err, &w)) == 0;
+	/* a call that was not queued never calls back; the part's reply may be
+	 * counting down already, hence the lock */
+	pthread_mutex_lock(&w.mu);
+	w.left -= !part_queued + !complete_queued;
+	pthread_mutex_unlock(&w.mu);
 	if (!rc)
 		rc = kvs_job_wait(r->c, job, 30000, &st);
 	/* the complete's reply may trail job_done: wait for both callbacks */
