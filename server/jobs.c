@@ -165,35 +165,39 @@ static void part_digest(const kvs_msg *rq, uint8_t out[16])
 	memcpy(out, &h, 16);
 }
 
-/* Marks id in the scratch bitmap; true if it was already marked. The bitmap
- * is all zero between uses: callers unmark what they marked (bits_clear). */
-static bool bits_mark(kvs_jobs *J, uint64_t id)
-{
-	uint64_t w = id >> 6, m = 1ull << (id & 63);
-	bool had = J->bits[w] & m;
-	J->bits[w] |= m;
-	return had;
-}
-
-static void bits_clear(kvs_jobs *J, const int64_t *ids, uint32_t n, int64_t null_id)
-{
-	for (uint32_t i = 0; i < n; i++)
-		if (ids[i] != null_id)
-			J->bits[(uint64_t)ids[i] >> 6] = 0;
-}
-
-/* Makes the bitmap hold at least nbits (zeroed). */
-static int bits_reserve(kvs_jobs *J, uint64_t nbits)
+/* Counts the distinct non-null ids of ids[0..n) (each below nbits) in the
+ * scratch bitmap, which is all zero before and after; *dup gets the index of
+ * the first id seen twice, or n. 0, or -ENOMEM (nothing counted). */
+static int distinct_ids(kvs_jobs *J, const int64_t *ids, uint32_t n, int64_t null_id, uint64_t nbits,
+			uint64_t *ret_distinct, uint32_t *dup)
 {
 	uint64_t words = (nbits + 63) / 64;
-	if (words <= J->bits_words)
-		return 0;
-	uint64_t *b = calloc(words, sizeof(*b));
-	if (!b)
-		return -ENOMEM;
-	free(J->bits);
-	J->bits = b;
-	J->bits_words = words;
+	if (words > J->bits_words) {
+		uint64_t *b = calloc(words, sizeof(*b));
+		if (!b)
+			return -ENOMEM;
+		free(J->bits);
+		J->bits = b;
+		J->bits_words = words;
+	}
+	uint64_t d = 0;
+	*dup = n;
+	for (uint32_t i = 0; i < n; i++) {
+		if (ids[i] == null_id)
+			continue;
+		uint64_t w = (uint64_t)ids[i] >> 6, m = 1ull << (ids[i] & 63);
+		if (J->bits[w] & m) {
+			if (*dup == n)
+				*dup = i;
+		} else {
+			J->bits[w] |= m;
+			d++;
+		}
+	}
+	for (uint32_t i = 0; i < n; i++) /* back to all zero */
+		if (ids[i] != null_id)
+			J->bits[(uint64_t)ids[i] >> 6] = 0;
+	*ret_distinct = d;
 	return 0;
 }
 
@@ -408,12 +412,8 @@ static uint8_t try_finalize(kvs_server *srv, kvs_job *job)
 	else
 		J->st.aborted++;
 	/* one line per job is too much on the hot path: commits at debug */
-	if (commit)
-		kvs_dbg("job %llu (%s, engine '%s') %s: %s", (unsigned long long)job->id,
-			kvs_op_name(job->kind), job->engine, kvs_job_state_name(state), job->reason);
-	else
-		kvs_info("job %llu (%s, engine '%s') %s: %s", (unsigned long long)job->id,
-			 kvs_op_name(job->kind), job->engine, kvs_job_state_name(state), job->reason);
+	kvs_log(commit ? KVS_LOG_DEBUG : KVS_LOG_INFO, "job %llu (%s, engine '%s') %s: %s", (unsigned long long)job->id,
+		kvs_op_name(job->kind), job->engine, kvs_job_state_name(state), job->reason);
 	remember_terminal(J, job, state);
 	push_job_done(srv, job, state);
 	job_free(job);
@@ -499,51 +499,34 @@ static void plan_undo(kvs_server *srv, plan *pl, kvs_op kind)
  * with blocks_per_chunk ids per key; ids in range or the group's null id. */
 static int check_blocks(kvs_server *srv, const kvs_reg *g, const kvs_msg *rq)
 {
-	kvs_jobs *J_;
-	int r = 0;
 	if (rq->blocks.n != g->n_groups)
 		return kvs__fail(srv, KVS_E_GEOMETRY, "blocks: %u lists for %u groups", rq->blocks.n, g->n_groups);
 	for (uint32_t gi = 0; gi < g->n_groups; gi++) {
 		const kvs_reg_group *G = &g->groups[gi];
 		uint64_t want = (uint64_t)rq->n_keys * G->desc.blocks_per_chunk;
-		if (rq->blocks.len[gi] != want) {
-			r = kvs__fail(srv, KVS_E_GEOMETRY, "blocks[%u]: %u ids, expected %llu (%u keys x %u blocks per chunk)",
-				      gi, rq->blocks.len[gi], (unsigned long long)want, rq->n_keys,
-				      G->desc.blocks_per_chunk);
-			goto out;
-		}
+		if (rq->blocks.len[gi] != want)
+			return kvs__fail(srv, KVS_E_GEOMETRY,
+					 "blocks[%u]: %u ids, expected %llu (%u keys x %u blocks per chunk)", gi,
+					 rq->blocks.len[gi], (unsigned long long)want, rq->n_keys, G->desc.blocks_per_chunk);
 		for (uint32_t i = 0; i < rq->blocks.len[gi]; i++) {
 			int64_t id = rq->blocks.ids[gi][i];
-			if (id == G->desc.null_block)
-				continue;
-			if (id < 0 || (uint64_t)id >= G->num_blocks) {
-				r = kvs__fail(srv, KVS_E_RANGE, "blocks[%u][%u]: block id %lld outside 0..%llu", gi, i,
-					      (long long)id, (unsigned long long)G->num_blocks - 1);
-				goto out;
-			}
+			if (id != G->desc.null_block && (id < 0 || (uint64_t)id >= G->num_blocks))
+				return kvs__fail(srv, KVS_E_RANGE, "blocks[%u][%u]: block id %lld outside 0..%llu", gi, i,
+						 (long long)id, (unsigned long long)G->num_blocks - 1);
 		}
+		if (rq->op != KVS_OP_RETRIEVE)
+			continue;
 		/* a retrieve writing one block twice would race its own copies */
-		if (rq->op == KVS_OP_RETRIEVE && rq->blocks.len[gi] > 1) {
-			J_ = srv->jobs;
-			if (bits_reserve(J_, G->num_blocks) != 0) {
-				r = kvs__fail(srv, KVS_E_INTERNAL, "out of memory");
-				goto out;
-			}
-			const int64_t *ids = rq->blocks.ids[gi];
-			uint32_t i = 0;
-			for (; i < rq->blocks.len[gi]; i++)
-				if (ids[i] != G->desc.null_block && bits_mark(J_, (uint64_t)ids[i]))
-					break;
-			bits_clear(J_, ids, i < rq->blocks.len[gi] ? i + 1 : i, G->desc.null_block);
-			if (i < rq->blocks.len[gi]) {
-				r = kvs__fail(srv, KVS_E_GEOMETRY, "blocks[%u]: destination block %llu named twice", gi,
-					      (unsigned long long)ids[i]);
-				goto out;
-			}
-		}
+		uint64_t d;
+		uint32_t dup;
+		if (distinct_ids(srv->jobs, rq->blocks.ids[gi], rq->blocks.len[gi], G->desc.null_block, G->num_blocks,
+				 &d, &dup) != 0)
+			return kvs__fail(srv, KVS_E_INTERNAL, "out of memory");
+		if (dup < rq->blocks.len[gi])
+			return kvs__fail(srv, KVS_E_GEOMETRY, "blocks[%u]: destination block %llu named twice", gi,
+					 (unsigned long long)rq->blocks.ids[gi][dup]);
 	}
-out:
-	return r;
+	return 0;
 }
 
 static bool is_null(const kvs_reg_group *G, int64_t id) { return id == G->desc.null_block; }
@@ -558,18 +541,20 @@ static int plan_store(kvs_server *srv, kvs_session *s, const kvs_reg *g, const k
 	pl->objs = calloc(max ? max : 1, sizeof(*pl->objs));
 	pl->geoms = calloc(max ? max : 1, sizeof(*pl->geoms));
 	pl->tasks = calloc(max ? max : 1, sizeof(*pl->tasks));
-	uint64_t max_blocks = 0;
-	for (uint32_t gi = 0; gi < g->n_groups; gi++)
-		max_blocks = g->groups[gi].num_blocks > max_blocks ? g->groups[gi].num_blocks : max_blocks;
-	if (!pl->objs || !pl->geoms || !pl->tasks || bits_reserve(srv->jobs, max_blocks) != 0)
+	if (!pl->objs || !pl->geoms || !pl->tasks)
 		return kvs__fail(srv, KVS_E_INTERNAL, "out of memory");
-	/* retention: each distinct non-null source block once (a bitmap per
-	 * group, cleared before leaving the group, whatever the exit) */
-	uint64_t distinct = 0;
 	for (uint32_t gi = 0; gi < g->n_groups; gi++) {
 		const kvs_reg_group *G = &g->groups[gi];
 		uint32_t bpc = G->desc.blocks_per_chunk;
-#define UNMARK() bits_clear(srv->jobs, rq->blocks.ids[gi], rq->blocks.len[gi], G->desc.null_block)
+		/* retention: each distinct source block once. A part that plans
+		 * copies every non-null id of the group (whole attention chunks, the
+		 * one state block of a recurrent chunk), so count those. */
+		uint64_t d;
+		uint32_t dup;
+		if (distinct_ids(srv->jobs, rq->blocks.ids[gi], rq->blocks.len[gi], G->desc.null_block, G->num_blocks,
+				 &d, &dup) != 0)
+			return kvs__fail(srv, KVS_E_INTERNAL, "out of memory");
+		pl->retained += d;
 		for (uint32_t k = 0; k < rq->n_keys; k++) {
 			const int64_t *ids = rq->blocks.ids[gi] + (size_t)k * bpc;
 			uint32_t nulls = 0, sel = 0;
@@ -584,19 +569,13 @@ static int plan_store(kvs_server *srv, kvs_session *s, const kvs_reg *g, const k
 			/* attention: the whole chunk; recurrent: exactly one state block,
 			 * the one at the chunk's end boundary, chosen by the engine */
 			bool recurrent = G->desc.kind == KVS_GROUP_RECURRENT;
-			if (recurrent && bpc - nulls != 1) {
-				UNMARK();
+			if (recurrent && bpc - nulls != 1)
 				return kvs__fail(srv, KVS_E_GEOMETRY,
 						 "blocks[%u]: recurrent group %u carries %u state blocks for chunk %u, exactly one expected",
 						 gi, G->desc.id, bpc - nulls, k);
-			}
-			if (!recurrent && nulls) {
-				UNMARK();
+			if (!recurrent && nulls)
 				return kvs__fail(srv, KVS_E_GEOMETRY, "blocks[%u]: chunk %u mixes null and real blocks", gi, k);
-			}
 			uint32_t b0 = recurrent ? sel : 0, b1 = recurrent ? sel + 1 : bpc;
-			for (uint32_t b = b0; b < b1; b++)
-				distinct += !bits_mark(srv->jobs, (uint64_t)ids[b]);
 			kvs_objkey key;
 			obj_key(&key, ns, s->world, s->rank, G->desc.id, rq->keys + (size_t)k * KVS_KEY_BYTES);
 			kvs_l1_obj *o;
@@ -615,12 +594,10 @@ static int plan_store(kvs_server *srv, kvs_session *s, const kvs_reg *g, const k
 				if (r == 0)
 					srv->jobs->st.store_staged++;
 			}
-			if (r) {
-				UNMARK();
+			if (r)
 				return kvs__fail(srv, r == KVS_E_NOSPACE ? KVS_E_NOSPACE : KVS_E_INTERNAL,
 						 "L1 cannot hold %llu more bytes: %s",
 						 (unsigned long long)G->obj_bytes, kvs_strerror(r));
-			}
 			pl->geoms[pl->n_objs] = G->geom;
 			pl->objs[pl->n_objs++] = o;
 			kvs_copy_task *t = calloc(1, sizeof(*t));
@@ -628,7 +605,6 @@ static int plan_store(kvs_server *srv, kvs_session *s, const kvs_reg *g, const k
 			if (!t || !segs) {
 				free(t);
 				free(segs);
-				UNMARK();
 				return kvs__fail(srv, KVS_E_INTERNAL, "out of memory");
 			}
 			uint8_t *dst = kvs_l1_data(o);
@@ -652,10 +628,7 @@ static int plan_store(kvs_server *srv, kvs_session *s, const kvs_reg *g, const k
 			t->obj = o;
 			pl->tasks[pl->n_tasks++] = t;
 		}
-		UNMARK();
-#undef UNMARK
 	}
-	pl->retained = distinct;
 	return 0;
 }
 

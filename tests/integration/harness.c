@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <dirent.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -161,4 +162,15 @@ uint64_t kvt_stat(kvs_client *c, const char *name)
 	if (kvs_stats(c, 3000, st, 256, &n) != 0)
 		return UINT64_MAX;
 	return kvs_stat_find(st, n, name);
+}
+
+int kvt_pipe_call(int cmd_fd, int res_fd, const void *cmd, size_t cmd_len, void *res, size_t res_len,
+		  int timeout_ms)
+{
+	if (cmd && write(cmd_fd, cmd, cmd_len) != (ssize_t)cmd_len)
+		return -1;
+	struct pollfd p = {.fd = res_fd, .events = POLLIN};
+	if (poll(&p, 1, timeout_ms) != 1 || read(res_fd, res, res_len) != (ssize_t)res_len)
+		return -1;
+	return 0;
 }

@@ -34,6 +34,11 @@ kvs_client *kvt_client(kvt_server *s, const char *engine, int role, uint32_t ran
 /* Counter by name from the server (UINT64_MAX on failure). */
 uint64_t kvt_stat(kvs_client *c, const char *name);
 uint64_t kvt_now_ms(void);
+/* One exchange with a child process over its command/result pipes: writes
+ * cmd (unless NULL), then waits up to timeout_ms for exactly res_len bytes.
+ * 0, or -1 on a short write, timeout or short read. */
+int kvt_pipe_call(int cmd_fd, int res_fd, const void *cmd, size_t cmd_len, void *res, size_t res_len,
+		  int timeout_ms);
 /* Polls cond until true or timeout_ms; evaluates to whether it became true. */
 #define KVT_WAIT(cond, timeout_ms)                                                  \
 	__extension__({                                                             \

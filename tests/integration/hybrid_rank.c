@@ -1,7 +1,6 @@
 /* Hybrid-layout rank processes; see hybrid_rank.h. */
 #include "hybrid_rank.h"
 
-#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -295,20 +294,14 @@ int hr_rank_start(hr_rank *r, kvt_server *s, const char *engine, const char *ns,
 	r->res_fd = rp[0];
 	r->rank = rank;
 	hr_res res;
-	struct pollfd p = {.fd = r->res_fd, .events = POLLIN};
-	if (poll(&p, 1, 15000) != 1 || read(r->res_fd, &res, sizeof(res)) != sizeof(res))
+	if (kvt_pipe_call(r->cmd_fd, r->res_fd, NULL, 0, &res, sizeof(res), 15000) != 0)
 		return -1;
 	return res.code;
 }
 
 int hr_rank_do(hr_rank *r, const hr_cmd *cmd, hr_res *res)
 {
-	if (write(r->cmd_fd, cmd, sizeof(*cmd)) != sizeof(*cmd))
-		return -1;
-	struct pollfd p = {.fd = r->res_fd, .events = POLLIN};
-	if (poll(&p, 1, 30000) != 1 || read(r->res_fd, res, sizeof(*res)) != sizeof(*res))
-		return -1;
-	return 0;
+	return kvt_pipe_call(r->cmd_fd, r->res_fd, cmd, sizeof(*cmd), res, sizeof(*res), 30000);
 }
 
 void hr_rank_stop(hr_rank *r)

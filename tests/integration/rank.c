@@ -2,7 +2,6 @@
 #include "rank.h"
 
 #include <errno.h>
-#include <poll.h>
 #include <signal.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -268,20 +267,14 @@ int kvt_rank_start(kvt_rank *r, kvt_server *s, const char *engine, uint32_t rank
 	r->res_fd = rp[0];
 	r->rank = rank;
 	kvt_res res;
-	struct pollfd p = {.fd = r->res_fd, .events = POLLIN};
-	if (poll(&p, 1, 15000) != 1 || read(r->res_fd, &res, sizeof(res)) != sizeof(res))
+	if (kvt_pipe_call(r->cmd_fd, r->res_fd, NULL, 0, &res, sizeof(res), 15000) != 0)
 		return -1;
 	return res.code;
 }
 
 int kvt_rank_do(kvt_rank *r, const kvt_cmd *cmd, kvt_res *res)
 {
-	if (write(r->cmd_fd, cmd, sizeof(*cmd)) != sizeof(*cmd))
-		return -1;
-	struct pollfd p = {.fd = r->res_fd, .events = POLLIN};
-	if (poll(&p, 1, 30000) != 1 || read(r->res_fd, res, sizeof(*res)) != sizeof(*res))
-		return -1;
-	return 0;
+	return kvt_pipe_call(r->cmd_fd, r->res_fd, cmd, sizeof(*cmd), res, sizeof(*res), 30000);
 }
 
 void kvt_rank_kill(kvt_rank *r)
