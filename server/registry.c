@@ -209,8 +209,12 @@ static int validate(kvs_server *srv, const kvs_msg *rq)
 			const kvs_layer_desc *o = &rq->layers[j];
 			if (o->group == l->group && o->num_blocks != l->num_blocks)
 				return kvs__fail(srv, KVS_E_GEOMETRY, "layers[%u]: num_blocks differs from layers[%u] of the same group", i, j);
-			/* entries with one alloc_id are one allocation: compare by id */
-			if (memcmp(rq->allocs[o->alloc].alloc_id, rq->allocs[l->alloc].alloc_id, 16) == 0 &&
+			/* entries with one alloc_id are one allocation: compare by id.
+			 * Views of different groups may share bytes: a hybrid engine
+			 * (vLLM's hybrid allocator) lays every group's pages over one
+			 * block pool, and a block id belongs to one group at a time */
+			if (o->group == l->group &&
+			    memcmp(rq->allocs[o->alloc].alloc_id, rq->allocs[l->alloc].alloc_id, 16) == 0 &&
 			    views_overlap(o, l))
 				return kvs__fail(srv, KVS_E_GEOMETRY, "layers[%u] overlaps layers[%u]", i, j);
 		}

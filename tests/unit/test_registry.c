@@ -242,6 +242,39 @@ START_TEST(test_bad_geometry)
 }
 END_TEST
 
+/* Views of different groups may share bytes (vLLM's hybrid allocator lays
+ * attention pages and recurrent state pages over one block pool); views of
+ * one group still may not. */
+START_TEST(test_groups_share_memory)
+{
+	fx f;
+	fx_start(&f, 0, 0);
+	int fd = fx_memfd(ASZ);
+	kvs_session *s = fx_worker(&f, "a", 0, 1);
+	kvs_group_desc gg[2] = {G3, {.id = 4, .kind = KVS_GROUP_RECURRENT, .tokens_per_block = 32,
+				     .blocks_per_chunk = 1, .window_chunks = -1, .null_block = 0}};
+	/* page of 512 B: K [0,256) V [256,512) of group 3; state [0,384) of group 4 */
+	kvs_layer_desc l[3] = {
+		{.group = 3, .alloc = 0, .offset = 0, .num_blocks = 16, .block_stride = 512, .block_bytes = 256},
+		{.group = 3, .alloc = 0, .offset = 256, .num_blocks = 16, .block_stride = 512, .block_bytes = 256},
+		{.group = 4, .alloc = 0, .offset = 0, .num_blocks = 16, .block_stride = 512, .block_bytes = 384},
+	};
+	fx_park(&f, 1, 100, ASZ, dup(fd));
+	kvs_alloc_desc a = fx_alloc(1, 100, ASZ);
+	ck_assert_int_eq(fx_register(&f, s, &a, 1, gg, 2, l, 3), 0);
+	ck_assert_uint_eq(kvs_registry_count(f.srv->reg), 1);
+	kvs_msg un = {.op = KVS_OP_UNREGISTER, .id = 9, .registration = kvs_registry_of_session(f.srv->reg, s->id)->id};
+	ck_assert_int_eq(kvs__op_unregister(f.srv, s, &un), 0);
+	/* the same state view in group 3 overlaps K and V: refused */
+	l[2].group = 3;
+	l[2].block_bytes = 256;
+	l[2].offset = 128;
+	expect_bad(&f, s, gg, 2, l, 3, KVS_E_GEOMETRY, "overlaps");
+	close(fd);
+	fx_stop(&f);
+}
+END_TEST
+
 START_TEST(test_tokens)
 {
 	fx f;
@@ -548,6 +581,7 @@ static Suite *registry_suite(void)
 	tcase_add_test(tc, test_alias_within_one_registration);
 	tcase_add_test(tc, test_same_alloc_id_other_memory);
 	tcase_add_test(tc, test_bad_geometry);
+	tcase_add_test(tc, test_groups_share_memory);
 	tcase_add_test(tc, test_tokens);
 	tcase_add_test(tc, test_not_memfd);
 	tcase_add_test(tc, test_failed_reregistration_keeps_old);
