@@ -225,6 +225,65 @@ class BindingTest(unittest.TestCase):
             r.client.unregister(r.handle)
         self.assertEqual(sched.stats()["registrations"], 0)
 
+    def test_async_parts_and_buffer_block_lists(self):
+        """store_async + complete_async back to back on two ranks, then
+        retrieve_async; block ids given as array('q'), numpy and torch buffers
+        (the ones importable here), a list, and refused when malformed."""
+        import array
+        sched = self.client()
+        ranks = [Rank(self.srv, r, 2) for r in range(2)]
+        for r in ranks:
+            self.closers.append(r.close)
+        n = 2
+        keys = kvside.chunk_keys(NS, tokens(3, n), CHUNK)
+        kinds = [lambda ids: array.array("q", ids), list]
+        try:
+            import numpy
+            kinds.append(lambda ids: numpy.array(ids, dtype=numpy.int64))
+        except ImportError:
+            pass
+        try:
+            import torch
+            kinds.append(lambda ids: torch.tensor(ids, dtype=torch.int64))
+        except ImportError:
+            pass
+        called = []
+        job = 40
+        for kind in kinds:
+            job += 1
+            ps = []
+            for r in ranks:
+                ps.append(r.client.store_async(job, keys, [kind(block_ids(0, n)[0])],
+                                               callback=lambda p: called.append(p.job)))
+                ps.append(r.client.complete_async(job))
+            got = [(p.op, p.result(5)) for p in ps]
+            self.assertEqual([g[1] for g in got[:3:2]], ["open", "open"], got)  # the parts
+            # either rank's messages may reach the server first
+            self.assertTrue(all(g[1] in ("open", "committed") for g in got[1::2]), got)
+            self.assertEqual(sched.job_wait(job, 5000), "committed")
+            job += 1
+            dst = 32 + (job % 3) * 2 * BPC
+            ps = [r.client.retrieve_async(job, keys, [kind(block_ids(dst, n)[0])]) for r in ranks]
+            self.assertEqual([p.result(5) for p in ps], ["open", "open"])
+            for r in ranks:
+                r.client.complete(job)
+                for l in range(LAYERS):
+                    for b in range(n * BPC):
+                        self.assertEqual(block_at(r.mem, l, dst + b), block_at(r.mem, l, b))
+        self.assertEqual(sorted(set(called)), [41 + 2 * i for i in range(len(kinds))])
+        lk = sched.lookup_async(keys).result(5)
+        self.assertEqual(lk.hits, n)
+        # a refused part ends its Pending with the code; nothing is raised at submit
+        p = ranks[0].client.retrieve_async(99, keys, [array.array("q", [0] * (n * BPC))])
+        with self.assertRaises(kvside.KvsideError) as e:
+            p.result(5)
+        self.assertEqual(e.exception.code_name, "E_GEOMETRY")
+        with self.assertRaises(ValueError):
+            ranks[0].client.store_async(100, keys, [["x"] * (n * BPC)])
+        with self.assertRaises(ValueError):
+            ranks[0].client.store_async(100, keys, [[1 << 64] * (n * BPC)])
+        self.assertEqual(sched.stats()["retained_blocks"], 0)
+
     def test_errors_carry_the_code(self):
         r = Rank(self.srv, 0, 1)
         self.closers.append(r.close)

@@ -21,16 +21,18 @@ callbacks run on the library's I/O thread: keep them short and do not call
 the blocking methods from them.
 """
 
+import array as _array
 import ctypes
 import ctypes.util
 import errno as _errno
 import fcntl as _fcntl
 import mmap as _mmap
 import os
+import threading
 from collections import namedtuple
 
 __all__ = [
-    "KvsideError", "Client", "HostMemory", "Group", "Layer", "Event", "JobInfo", "Lookup",
+    "KvsideError", "Client", "HostMemory", "Group", "Layer", "Event", "JobInfo", "Lookup", "Pending",
     "chunk_keys", "library", "KEY_BYTES", "ERROR_NAMES",
 ]
 
@@ -123,6 +125,19 @@ class _AdminInfo(ctypes.Structure):
                 ("kept_l1", ctypes.c_uint64), ("msg", ctypes.c_char * 256)]
 
 
+class _Result(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_int), ("msg", ctypes.c_char_p), ("session", ctypes.c_uint64),
+                ("registration", ctypes.c_uint64), ("imported", ctypes.c_uint64),
+                ("aliased", ctypes.c_uint64), ("pending_jobs", ctypes.c_uint64),
+                ("hits", ctypes.c_uint64), ("tiers", ctypes.POINTER(ctypes.c_uint8)),
+                ("state", ctypes.c_int), ("jobs", ctypes.POINTER(_JobInfoOut)),
+                ("n_jobs", ctypes.c_uint32), ("stats", ctypes.POINTER(_StatOut)),
+                ("n_stats", ctypes.c_uint32), ("admin", ctypes.POINTER(_AdminInfo))]
+
+
+_DONE_FN = ctypes.CFUNCTYPE(None, ctypes.POINTER(_Result), ctypes.c_void_p)
+
+
 def _find_library():
     path = os.environ.get("KVSIDE_LIB")
     if path:
@@ -154,6 +169,12 @@ def _load():
         "kvs_complete": (i32, [P, u64, ctypes.c_bool, i32, ctypes.POINTER(i32)]),
         "kvs_lookup": (i32, [P, ctypes.c_char_p, u32, ctypes.c_bool, u32, i32, ctypes.POINTER(u64),
                              ctypes.POINTER(ctypes.c_uint8)]),
+        "kvs_store_async": (i32, [P, u64, ctypes.c_char_p, u32, ctypes.POINTER(_Blocks),
+                                  ctypes.POINTER(_StoreOpts), i32, _DONE_FN, P]),
+        "kvs_retrieve_async": (i32, [P, u64, ctypes.c_char_p, u32, ctypes.POINTER(_Blocks), u64, i32,
+                                     _DONE_FN, P]),
+        "kvs_complete_async": (i32, [P, u64, ctypes.c_bool, i32, _DONE_FN, P]),
+        "kvs_lookup_async": (i32, [P, ctypes.c_char_p, u32, ctypes.c_bool, u32, i32, _DONE_FN, P]),
         "kvs_job_status": (i32, [P, ctypes.POINTER(u64), u32, i32, ctypes.POINTER(_JobInfoOut), u32,
                                  ctypes.POINTER(u32)]),
         "kvs_stats": (i32, [P, i32, ctypes.POINTER(_StatOut), u32, ctypes.POINTER(u32)]),
@@ -220,6 +241,35 @@ Event.__doc__ = """An event: type "reconnected" (error: 0 or the first re-regist
 failure) or "job_done" (job, state, reason)."""
 JobInfo = namedtuple("JobInfo", "job state ranks_done reason")
 Lookup = namedtuple("Lookup", "hits tiers")
+
+
+class Pending:
+    """An asynchronous request (store_async, retrieve_async, complete_async,
+    lookup_async). ``done`` is set once the reply (or the failure) is in; then
+    ``code`` (0 or the negative error), ``msg`` (the server's text), ``state``
+    (job state name, jobs) and ``hits`` / ``tiers`` (lookup) hold it. An
+    optional callback(pending) runs on the library's I/O thread when it ends:
+    keep it short."""
+
+    __slots__ = ("op", "job", "code", "msg", "state", "hits", "tiers", "done", "callback")
+
+    def __init__(self, op, job=0, callback=None):
+        self.op, self.job, self.callback = op, job, callback
+        self.code, self.msg, self.state, self.hits, self.tiers = None, "", None, 0, []
+        self.done = threading.Event()
+
+    def wait(self, timeout=None):
+        """True once it has ended (timeout in seconds, None: forever)."""
+        return self.done.wait(timeout)
+
+    def result(self, timeout=None):
+        """Waits, then returns the job state (or the Lookup) or raises
+        KvsideError; ETIMEDOUT if it did not end within timeout seconds."""
+        if not self.done.wait(timeout):
+            raise KvsideError(-_errno.ETIMEDOUT, self.op, "no reply within %s s" % timeout)
+        if self.code:
+            raise KvsideError(self.code, self.op, self.msg)
+        return Lookup(self.hits, self.tiers) if self.op == "lookup" else self.state
 
 
 class Group:
@@ -292,16 +342,40 @@ def _keys_arg(keys):
     return b, len(b) // KEY_BYTES
 
 
+def _ids_buffer(ids):
+    """One group's block ids -> (address, count, keepalive), without touching
+    the ids one by one where they already sit in a buffer of int64: an
+    array('q'), a C-contiguous numpy int64 array, or a CPU torch int64 tensor.
+    Anything else (a list, a range) is converted once by array('q')."""
+    if isinstance(ids, _array.array) and ids.itemsize == 8 and ids.typecode in "qlQL":
+        addr, n = ids.buffer_info()
+        return addr, n, ids
+    ai = getattr(ids, "__array_interface__", None)
+    if ai is not None and ai.get("typestr") in ("<i8", "<u8") and len(ai.get("shape", ())) == 1:
+        if ai.get("strides") in (None, (8,)):
+            return ai["data"][0], ai["shape"][0], ids
+    if hasattr(ids, "data_ptr") and hasattr(ids, "dtype") and str(ids.dtype) == "torch.int64":
+        if getattr(ids, "is_cuda", False):
+            raise ValueError("block ids must be in host memory, not on a CUDA device")
+        t = ids.reshape(-1).contiguous()
+        return t.data_ptr(), t.numel(), t
+    try:
+        a = _array.array("q", ids)
+    except (TypeError, OverflowError) as e:
+        raise ValueError("block ids must be 64-bit integers: %s" % e) from None
+    addr, n = a.buffer_info()
+    return addr, n, a
+
+
 def _blocks_arg(blocks):
     """blocks: one sequence of block ids per group -> (_Blocks, keepalive)."""
     n = len(blocks)
-    arrays = [(ctypes.c_int64 * max(len(g), 1))(*g) for g in blocks]
-    ptrs = (ctypes.POINTER(ctypes.c_int64) * max(n, 1))(
-        *[ctypes.cast(a, ctypes.POINTER(ctypes.c_int64)) for a in arrays])
-    lens = (ctypes.c_uint32 * max(n, 1))(*[len(g) for g in blocks])
-    b = _Blocks(n, ctypes.cast(ptrs, ctypes.POINTER(ctypes.POINTER(ctypes.c_int64))),
-                ctypes.cast(lens, ctypes.POINTER(ctypes.c_uint32)))
-    return b, (arrays, ptrs, lens)
+    bufs = [_ids_buffer(g) for g in blocks]
+    P64 = ctypes.POINTER(ctypes.c_int64)
+    ptrs = (P64 * max(n, 1))(*[ctypes.cast(addr, P64) for addr, _, _ in bufs])
+    lens = (ctypes.c_uint32 * max(n, 1))(*[cnt for _, cnt, _ in bufs])
+    b = _Blocks(n, ctypes.cast(ptrs, ctypes.POINTER(P64)), ctypes.cast(lens, ctypes.POINTER(ctypes.c_uint32)))
+    return b, (bufs, ptrs, lens)
 
 
 def chunk_keys(namespace, tokens, chunk_tokens=256):
@@ -341,6 +415,10 @@ class Client:
             raise ValueError("role must be 'worker' or 'scheduler'")
         self._c = None
         self._user_event = on_event
+        self._done_fn = _DONE_FN(self._on_done)
+        self._inflight = {}
+        self._inflight_lock = threading.Lock()
+        self._next_token = 1
         self._event_fn = _EVENT_FN(self._on_event) if on_event else _EVENT_FN()
         self._strings = [s.encode() if s is not None else None
                          for s in (endpoint, broker_dir, engine, namespace)]
@@ -362,6 +440,40 @@ class Client:
         except Exception:  # never let an exception unwind into C
             import traceback
             traceback.print_exc()
+
+    def _on_done(self, res, arg):
+        with self._inflight_lock:
+            p = self._inflight.pop(arg or 0, None)
+        if p is None:
+            return
+        r = res.contents
+        p.code = r.code
+        p.msg = r.msg.decode("utf-8", "replace") if r.msg else ""
+        p.state = _STATES[r.state] if 0 <= r.state < len(_STATES) else None
+        if p.op == "lookup" and not r.code:
+            p.hits = r.hits
+            p.tiers = [_TIERS[r.tiers[i]] for i in range(r.hits)]
+        p.done.set()
+        if p.callback is not None:
+            try:
+                p.callback(p)
+            except Exception:  # never let an exception unwind into C
+                import traceback
+                traceback.print_exc()
+
+    def _submit(self, p, call):
+        """Queues an asynchronous call(done_fn, token); returns p, or raises
+        (then the callback never runs)."""
+        with self._inflight_lock:
+            tok = self._next_token
+            self._next_token += 1
+            self._inflight[tok] = p
+        r = call(self._done_fn, ctypes.c_void_p(tok))
+        if r:
+            with self._inflight_lock:
+                self._inflight.pop(tok, None)
+            raise KvsideError(r, p.op)
+        return p
 
     def _h(self):
         if self._c is None:
@@ -500,6 +612,37 @@ class Client:
         _check(_lib.kvs_lookup(self._h(), kb, n, bool(prefetch), pin_ms, timeout_ms, ctypes.byref(hits),
                                tiers), "lookup")
         return Lookup(hits.value, [_TIERS[tiers[i]] for i in range(hits.value)])
+
+    # -- asynchronous jobs: each returns a Pending at once (protocol.md 6.9: a
+    #    part and its complete may be queued back to back)
+
+    def store_async(self, job, keys, blocks, timeout_ms=0, callback=None):
+        """Queues a store part; the Pending ends with the part's reply."""
+        kb, n = _keys_arg(keys)
+        bl, keep = _blocks_arg(blocks)
+        h = self._h()
+        return self._submit(Pending("store", job, callback), lambda fn, tok: _lib.kvs_store_async(
+            h, job, kb, n, ctypes.byref(bl), None, timeout_ms, fn, tok))
+
+    def retrieve_async(self, job, keys, blocks, skip_tokens=0, timeout_ms=0, callback=None):
+        """Queues a retrieve part; the Pending ends once the bytes are in
+        place (or with the error: then nothing was written, except E_DEVICE)."""
+        kb, n = _keys_arg(keys)
+        bl, keep = _blocks_arg(blocks)
+        h = self._h()
+        return self._submit(Pending("retrieve", job, callback), lambda fn, tok: _lib.kvs_retrieve_async(
+            h, job, kb, n, ctypes.byref(bl), skip_tokens, timeout_ms, fn, tok))
+
+    def complete_async(self, job, ok=True, timeout_ms=0, callback=None):
+        h = self._h()
+        return self._submit(Pending("complete", job, callback), lambda fn, tok: _lib.kvs_complete_async(
+            h, job, bool(ok), timeout_ms, fn, tok))
+
+    def lookup_async(self, keys, prefetch=False, pin_ms=0, timeout_ms=0, callback=None):
+        kb, n = _keys_arg(keys)
+        h = self._h()
+        return self._submit(Pending("lookup", 0, callback), lambda fn, tok: _lib.kvs_lookup_async(
+            h, kb, n, bool(prefetch), pin_ms, timeout_ms, fn, tok))
 
     def job_status(self, jobs=None, timeout_ms=0):
         """States of these job ids, or of the engine's open jobs: [JobInfo]."""
