@@ -1,0 +1,193 @@
+"""KvsideConnector: vLLM's KV connector (KVConnectorBase_V1 + SupportsHMA)
+for a kvside server beside the engine. See docs/vllm.md.
+
+    vllm serve MODEL --kv-transfer-config '{"kv_connector":"KvsideConnector",
+      "kv_connector_module_path":"kvside.vllm","kv_role":"kv_both",
+      "kv_connector_extra_config":{"broker_dir":"/run/kvside","chunk_tokens":256}}'
+
+vLLM builds one instance with role SCHEDULER in its EngineCore process
+(scheduler.py: lookups, plans) and one with role WORKER per TP rank
+(worker.py: registration, jobs); this class only routes vLLM's calls to the
+half its role has, and calls of the other role are no-ops.
+"""
+
+import logging
+from math import gcd
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V1, KVConnectorRole,
+                                                               SupportsHMA)
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
+
+from .config import ConnectorConfig, namespace_of
+from .groups import group_infos
+from .meta import KvsideConnectorMetadata
+
+log = logging.getLogger("kvside.vllm")
+
+__all__ = ["KvsideConnector", "KvsideConnectorMetadata", "KvsideConnectorStats"]
+
+
+class KvsideConnectorStats(KVConnectorStats):
+    """Counters of one interval; summed over workers and the scheduler."""
+
+    def reset(self):
+        self.data = {}
+
+    def aggregate(self, other):
+        for k, v in (other.data or {}).items():
+            self.data[k] = self.data.get(k, 0) + v
+        return self
+
+    def reduce(self):
+        return dict(self.data)
+
+    def is_empty(self):
+        return not any(self.data.values())
+
+
+def _tp_rank_world(vllm_config):
+    try:
+        from vllm.distributed.parallel_state import (get_tensor_model_parallel_rank,
+                                                     get_tensor_model_parallel_world_size)
+        return get_tensor_model_parallel_rank(), get_tensor_model_parallel_world_size()
+    except Exception:  # the scheduler process has no TP group
+        return 0, vllm_config.parallel_config.tensor_parallel_size
+
+
+class KvsideConnector(KVConnectorBase_V1, SupportsHMA):
+    def __init__(self, vllm_config, role, kv_cache_config=None):
+        super().__init__(vllm_config, role, kv_cache_config)
+        ktc = vllm_config.kv_transfer_config
+        self.cfg = ConnectorConfig.from_extra(ktc.kv_connector_extra_config)
+        pc = vllm_config.parallel_config
+        if getattr(pc, "pipeline_parallel_size", 1) != 1:
+            raise ValueError("kvside: pipeline parallelism is not supported (pipeline_parallel_size %d)"
+                             % pc.pipeline_parallel_size)
+        if kv_cache_config is None:
+            raise ValueError("kvside: KvsideConnector needs the kv_cache_config")
+        self.groups = group_infos(kv_cache_config, self.cfg.chunk_tokens)
+        sizes = [g.block_size for g in self.groups]
+        hbs = self.cfg.hash_block_size or _hash_block_size(vllm_config, sizes)
+        if self.cfg.chunk_tokens % hbs:
+            raise ValueError("kvside: chunk_tokens %d is not a multiple of vLLM's hash block size %d"
+                             % (self.cfg.chunk_tokens, hbs))
+        mc, cc = vllm_config.model_config, vllm_config.cache_config
+        tp = pc.tensor_parallel_size
+        self.namespace = namespace_of(self.cfg, getattr(mc, "model", "?"),
+                                      str(getattr(cc, "cache_dtype", "auto")), tp, sizes,
+                                      getattr(cc, "prefix_caching_hash_algo", "sha256"))
+        self.engine = "vllm-%s" % (ktc.engine_id or "0")
+        load = self.cfg.load and getattr(ktc, "is_kv_consumer", True)
+        store = self.cfg.store if getattr(ktc, "is_kv_producer", True) else "none"
+        self._sched = self._worker = None
+        if role == KVConnectorRole.SCHEDULER:
+            from .scheduler import SchedulerSide
+            self._sched = SchedulerSide(self.cfg, self.engine, self.namespace, tp, self.groups, hbs, load,
+                                        store)
+        else:
+            from .worker import WorkerSide
+            rank, world = _tp_rank_world(vllm_config)
+            self._worker = WorkerSide(self.cfg, self.engine, self.namespace, rank, world, self.groups,
+                                      kv_cache_config.num_blocks,
+                                      [g.kv_cache_spec for g in kv_cache_config.kv_cache_groups])
+            self._layer_group = {n: gi for gi, g in enumerate(kv_cache_config.kv_cache_groups)
+                                 for n in g.layer_names}
+
+    # ---- properties vLLM reads ----------------------------------------------------------------
+
+    @property
+    def prefer_cross_layer_blocks(self):
+        # one block of every layer in one page: one copy per block instead of
+        # one per layer (vLLM uses it only for single-group models)
+        return True
+
+    @property
+    def requires_kv_delivery(self):
+        return False  # a cache: a dropped save is a later miss
+
+    @classmethod
+    def build_kv_connector_stats(cls, data=None):
+        return KvsideConnectorStats(data=dict(data or {}))
+
+    # ---- worker side --------------------------------------------------------------------------
+
+    def register_kv_caches(self, kv_caches):
+        self._worker.register(kv_caches, self._layer_group)
+
+    def register_cross_layers_kv_cache(self, kv_cache, attn_backend):
+        # every layer of block b in one dense page: one view for all layers
+        self._worker.register({"*": kv_cache}, {"*": 0})
+
+    def handle_preemptions(self, kv_connector_metadata):
+        if self._worker is not None and kv_connector_metadata is not None:
+            self._worker.handle_preemptions(kv_connector_metadata)
+
+    def start_load_kv(self, forward_context, **kwargs):
+        if self._worker is not None and self.has_connector_metadata():
+            self._worker.start_load_kv(self._get_connector_metadata())
+
+    def wait_for_layer_load(self, layer_name):
+        return  # start_load_kv returns once a synchronous load is in place
+
+    def save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs):
+        return  # one store job per step covers every layer (wait_for_save)
+
+    def wait_for_save(self):
+        if self._worker is not None and self.has_connector_metadata():
+            self._worker.wait_for_save(self._get_connector_metadata())
+
+    def get_finished(self, finished_req_ids):
+        if self._worker is None:
+            return None, None
+        meta = self._connector_metadata
+        return self._worker.get_finished(meta, finished_req_ids)
+
+    def get_block_ids_with_load_errors(self):
+        return self._worker.get_block_ids_with_load_errors() if self._worker is not None else set()
+
+    def get_kv_connector_stats(self):
+        side = self._worker or self._sched
+        if side is None or not any(side.stats.values()):
+            return None
+        data = dict(side.stats)
+        for k in side.stats:
+            side.stats[k] = 0
+        return KvsideConnectorStats(data=data)
+
+    def shutdown(self):
+        if self._worker is not None:
+            self._worker.shutdown()
+        if self._sched is not None:
+            self._sched.close()
+
+    # ---- scheduler side -----------------------------------------------------------------------
+
+    def get_num_new_matched_tokens(self, request, num_computed_tokens):
+        return self._sched.get_num_new_matched_tokens(request, num_computed_tokens)
+
+    def update_state_after_alloc(self, request, blocks, num_external_tokens):
+        self._sched.update_state_after_alloc(request, blocks, num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output):
+        return self._sched.build_connector_meta(scheduler_output)
+
+    def update_connector_output(self, connector_output):
+        self._sched.update_connector_output(connector_output)
+
+    def request_finished(self, request, block_ids):
+        return self._sched.request_finished(request, (block_ids,))
+
+    def request_finished_all_groups(self, request, block_ids):
+        return self._sched.request_finished(request, block_ids)
+
+
+def _hash_block_size(vllm_config, sizes):
+    """vLLM's hash block size: the block size with one group, else the gcd
+    of the groups' (vllm/v1/core/kv_cache_utils.py resolve_kv_cache_block_sizes)."""
+    unit = getattr(vllm_config.cache_config, "prefix_match_unit", None)
+    if unit:
+        return int(unit)
+    h = 0
+    for s in sizes:
+        h = gcd(h, s)
+    return h

@@ -1,0 +1,300 @@
+"""The worker half of KvsideConnector: one per TP rank.
+
+Holds a ``worker``-role kvside session with one registration of the rank's
+KV caches, and runs the jobs the scheduler half planned: a load is a
+retrieve part and its complete sent back to back (the retrieve's reply
+means this rank's bytes are in place); a store is a store part and its
+complete (the job's ``job_done`` means every rank's copies ended, after
+which vLLM may reuse the blocks).
+
+Ownership and invariants:
+- ``_stores[job]`` is a store this rank submitted whose end it has not seen;
+  it ends with job_done, a refused part, a reconnect (the server lost it) or
+  ``save_wait_ms``. Until then its blocks may be read by the server.
+- a volatile store (sliding-window or Mamba blocks) and every store of a
+  preempted request end before the next forward writes KV
+  (handle_preemptions, else start_load_kv).
+- ``_loads[req]`` is an asynchronous load not yet reported; it is reported
+  once in finished_recving, with its blocks in the load errors if it failed.
+"""
+
+import logging
+import threading
+import time
+
+import kvside
+
+from .groups import NULL, kvside_groups
+from .layout import LayoutError, block_views, host_allocation, view_extent
+
+log = logging.getLogger("kvside.vllm")
+
+
+class _Store:
+    __slots__ = ("req_id", "volatile", "deadline", "part")
+
+    def __init__(self, req_id, volatile, deadline):
+        self.req_id, self.volatile, self.deadline, self.part = req_id, volatile, deadline, None
+
+
+class WorkerSide:
+    def __init__(self, cfg, engine, namespace, rank, world, groups, num_blocks, specs):
+        self.cfg, self.engine, self.ns = cfg, engine, namespace
+        self.rank, self.world, self.groups = rank, world, groups
+        self.num_blocks, self.specs = num_blocks, specs  # specs: per group, the vLLM spec
+        self.client, self.handle, self.device = None, None, None
+        self._cv = threading.Condition()
+        self._stores = {}        # job -> _Store
+        self._ended = set()      # store jobs ended before this rank saw them submitted
+        self._loads = {}         # req_id -> (Pending, destination ids)
+        self._load_errors = set()
+        self._finish_pending = set()
+        self._finished_seen = set()
+        self._cuda_sync = None
+        self.stats = {"loads": 0, "load_errors": 0, "load_bytes": 0, "stores": 0,
+                      "store_failures": 0, "save_waits_ms": 0}
+
+    # ---- registration -----------------------------------------------------------------------
+
+    def register(self, kv_caches, group_of_layer, cross_layer=False):
+        """kv_caches: {layer name: tensor or list of tensors}. group_of_layer:
+        {layer name: group index} (names outside every group are skipped, as
+        are aliases of a tensor already seen)."""
+        views, seen = [], set()
+        for name, t in kv_caches.items():
+            g = group_of_layer.get(name)
+            if g is None:
+                continue
+            for v in block_views(t, self.num_blocks, name):
+                v = self._trim(v, g)
+                if (v.ptr, g) in seen:
+                    continue
+                seen.add((v.ptr, g))
+                views.append((g, v, t[0] if isinstance(t, (list, tuple)) else t))
+        if not views:
+            raise LayoutError("kvside: no KV-cache tensor of a known group to register")
+        cuda = {bool(getattr(t, "is_cuda", False)) for _, _, t in views}
+        if len(cuda) != 1:
+            raise LayoutError("kvside: KV caches are partly on the GPU, partly in host memory")
+        self.device = "cuda" if cuda.pop() else "host"
+        self._open()
+        groups = kvside_groups(self.groups)
+        if self.device == "cuda":
+            dev = views[0][2].device.index or 0
+            self._cuda_sync = views[0][2]
+            buffers, layers = [], []
+            for i, (g, v, _) in enumerate(views):
+                lo, hi = view_extent(v, self.num_blocks)
+                buffers.append((lo, hi - lo))
+                layers.append(kvside.Layer(g, i, 0, self.num_blocks, v.block_stride, v.block_bytes))
+            self.handle = self.client.register_cuda(buffers, groups, layers, device=dev)
+            return
+        allocs, by_inode, layers = [], {}, []
+        try:
+            for g, v, _ in views:
+                lo, hi = view_extent(v, self.num_blocks)
+                a = host_allocation(lo, hi - lo, "KV cache view of group %d" % g)
+                if a.inode in by_inode:
+                    import os
+                    os.close(a.fd)
+                    a = allocs[by_inode[a.inode]]
+                else:
+                    by_inode[a.inode] = len(allocs)
+                    allocs.append(a)
+                layers.append(kvside.Layer(g, by_inode[a.inode], lo - a.map_start + a.file_offset,
+                                           self.num_blocks, v.block_stride, v.block_bytes))
+            self.handle = self.client.register_memory([(a.fd, a.size) for a in allocs], groups, layers)
+        finally:
+            import os
+            for a in allocs:
+                os.close(a.fd)
+
+    def _trim(self, v, g):
+        """A Mamba page holds the states then padding: copy only the states."""
+        spec = self.specs[g]
+        shapes, dtypes = getattr(spec, "shapes", None), getattr(spec, "dtypes", None)
+        if self.groups[g].kind != "recurrent" or not shapes or not dtypes:
+            return v
+        n = 0
+        for shape, dt in zip(shapes, dtypes):
+            k = 1
+            for d in shape:
+                k *= d
+            n += k * (dt.itemsize if hasattr(dt, "itemsize") else _dtype_size(dt))
+        return v._replace(block_bytes=min(v.block_bytes, n))
+
+    def _open(self):
+        self.client = kvside.Client(self.engine, self.ns, role="worker", rank=self.rank, world=self.world,
+                                    broker_dir=self.cfg.broker_dir, endpoint=self.cfg.endpoint,
+                                    timeout_ms=self.cfg.timeout_ms, on_event=self._on_event)
+
+    def close(self):
+        if self.client is not None:
+            self.client.close()
+            self.client = None
+
+    # ---- events -------------------------------------------------------------------------------
+
+    def _on_event(self, ev):
+        with self._cv:
+            if ev.type == "job_done":
+                if self._stores.pop(ev.job, None) is None:
+                    self._ended.add(ev.job)
+                    if len(self._ended) > 65536:
+                        self._ended.clear()
+            elif ev.type == "reconnected":
+                # the server restarted: the jobs it had are gone
+                self._stores.clear()
+            self._cv.notify_all()
+
+    def _end_store(self, job):
+        with self._cv:
+            self._stores.pop(job, None)
+            self._cv.notify_all()
+
+    # ---- loads --------------------------------------------------------------------------------
+
+    def start_load_kv(self, meta):
+        self._fence(meta)
+        for op in meta.stores:
+            if op.at_step_start:
+                self._submit_store(op)
+        if not meta.loads:
+            return
+        sync = []
+        for op in meta.loads:
+            dst = self._dest_ids(op)
+            try:
+                p = self.client.retrieve_async(op.job, op.keys, op.blocks, op.skip_tokens,
+                                               timeout_ms=self.cfg.load_timeout_ms)
+                self.client.complete_async(op.job, True, timeout_ms=self.cfg.load_timeout_ms)
+            except (kvside.KvsideError, AttributeError) as e:
+                log.warning("kvside: load of %s not sent (%s)", op.req_id, e)
+                p = kvside.Pending("retrieve", op.job)
+                p.code = -1
+                p.done.set()
+            self.stats["loads"] += 1
+            if op.sync:
+                sync.append((p, dst))
+            else:
+                self._loads[op.req_id] = (p, dst)
+        deadline = time.monotonic() + self.cfg.load_timeout_ms / 1000.0
+        for p, dst in sync:
+            ok = p.wait(max(0.0, deadline - time.monotonic())) and not p.code
+            if not ok:
+                self._load_failed(dst, p)
+
+    def _dest_ids(self, op):
+        return {b for lst in op.blocks for b in lst if b != NULL}
+
+    def _load_failed(self, dst, p):
+        self.stats["load_errors"] += 1
+        self._load_errors |= dst
+        log.warning("kvside: load failed (%s): %d blocks reported for recompute",
+                    p.msg or (kvside.KvsideError(p.code).code_name if p.code else "timeout"), len(dst))
+
+    def get_block_ids_with_load_errors(self):
+        out, self._load_errors = self._load_errors, set()
+        return out
+
+    # ---- stores -------------------------------------------------------------------------------
+
+    def wait_for_save(self, meta):
+        ops = [op for op in meta.stores if not op.at_step_start]
+        if not ops:
+            return
+        if self._cuda_sync is not None:
+            # the server copies from device memory: this step's kernels must
+            # have written the blocks first
+            import torch
+            torch.cuda.current_stream(self._cuda_sync.device).synchronize()
+        for op in ops:
+            self._submit_store(op)
+
+    def _submit_store(self, op):
+        if self.client is None:
+            return
+        rec = _Store(op.req_id, op.volatile, time.monotonic() + self.cfg.save_wait_ms / 1000.0)
+        with self._cv:
+            if op.job in self._ended:
+                return
+            self._stores[op.job] = rec
+        job = op.job
+        self.stats["stores"] += 1
+
+        def refused(p):
+            if p.code:
+                self.stats["store_failures"] += 1
+                self._end_store(job)   # no job_done may come (session lost)
+        try:
+            rec.part = self.client.store_async(op.job, op.keys, op.blocks, timeout_ms=self.cfg.timeout_ms,
+                                               callback=refused)
+            self.client.complete_async(op.job, True, timeout_ms=self.cfg.timeout_ms)
+        except kvside.KvsideError as e:
+            log.warning("kvside: store of %s not sent (%s)", op.req_id, e)
+            self.stats["store_failures"] += 1
+            self._end_store(job)
+
+    def _fence(self, meta):
+        """Waits for the stores whose blocks this step may overwrite: volatile
+        ones and those of preempted requests (bounded by save_wait_ms)."""
+        with self._cv:
+            def pending():
+                now = time.monotonic()
+                for job, s in list(self._stores.items()):
+                    if now > s.deadline:
+                        log.warning("kvside: store job %d of %s did not end in %d ms; its blocks "
+                                    "are released", job, s.req_id, self.cfg.save_wait_ms)
+                        del self._stores[job]
+                return [s for s in self._stores.values() if s.volatile or s.req_id in meta.preempted]
+            t0 = time.monotonic()
+            while True:
+                left = pending()
+                if not left:
+                    break
+                self._cv.wait(min(s.deadline for s in left) - time.monotonic() + 0.001)
+            self.stats["save_waits_ms"] += int((time.monotonic() - t0) * 1000)
+
+    handle_preemptions = _fence
+
+    # ---- completion ---------------------------------------------------------------------------
+
+    def get_finished(self, meta, finished_req_ids):
+        if meta is not None:
+            self._finish_pending |= meta.finish_pending
+        self._finished_seen |= set(finished_req_ids or ())
+        sending = set()
+        if self._finish_pending:
+            with self._cv:
+                busy = {s.req_id for s in self._stores.values()}
+            for rid in list(self._finish_pending):
+                if rid in self._finished_seen and rid not in busy:
+                    sending.add(rid)
+                    self._finish_pending.discard(rid)
+                    self._finished_seen.discard(rid)
+        if len(self._finished_seen) > 65536:
+            self._finished_seen = set(self._finish_pending)
+        recving = set()
+        for rid, (p, dst) in list(self._loads.items()):
+            if p.done.is_set():
+                if p.code:
+                    self._load_failed(dst, p)
+                recving.add(rid)
+                del self._loads[rid]
+        return (sending or None), (recving or None)
+
+    def pending_work(self):
+        with self._cv:
+            return bool(self._stores) or bool(self._loads)
+
+    def shutdown(self, wait_s=5.0):
+        deadline = time.monotonic() + wait_s
+        with self._cv:
+            while self._stores and time.monotonic() < deadline:
+                self._cv.wait(deadline - time.monotonic())
+        self.close()
+
+
+def _dtype_size(dt):
+    import torch
+    return torch.empty((), dtype=dt).element_size()
