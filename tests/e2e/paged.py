@@ -9,8 +9,11 @@ What lives here, independent of any model:
   out in one flat buffer, exposed as torch tensors of shape
   [num_blocks, *block_shape] (optionally with padded block strides), plus
   the kvside groups and layer views describing it. ``HostPool`` puts it in a
-  sealed memfd (kvside.HostMemory); a CUDA pool would put it in
-  kvside.torch_alloc memory and register it with ``Client.register_cuda``.
+  sealed memfd (kvside.HostMemory); ``CudaPool`` puts it in kvside.torch_alloc
+  memory (shareable cuMem) and registers it with ``Client.register_cuda``;
+  ``MappedPool`` maps another process's CudaPool (exported as a POSIX fd) into
+  this one, so a driver process can fill and read the blocks of its rank
+  processes.
 - ``BlockAllocator``: free block ids of one group (shuffled per engine, so a
   second engine uses other ids than the first).
 - ``block_lists`` / ``needed_chunks``: protocol.md §10 block lists (one list
@@ -159,8 +162,9 @@ class PagedPool:
     that memory: what the engine writes there is what the server copies.
 
     Subclasses allocate the buffer and register it: HostPool (a memfd, CPU
-    tensors); a CUDA pool would allocate through kvside.torch_alloc and call
-    Client.register_cuda with the same groups and layer views."""
+    tensors), CudaPool (kvside.torch_alloc memory, Client.register_cuda with
+    the same groups and layer views); MappedPool maps a CudaPool of another
+    process (same layout, no registration)."""
 
     def __init__(self, groups):
         self.groups = list(groups)
@@ -245,6 +249,10 @@ class HostPool(PagedPool):
     def register(self, client, order=None):
         return client.register_memory([self.mem], self.kvside_groups(), self.kvside_layers(order))
 
+    def export(self):
+        """(fd, size, offset 0): a new fd of the memfd, for MappedHostPool."""
+        return os.dup(self.mem.fd), self.mem.size, 0
+
     def close(self):
         super().close()
         try:
@@ -252,6 +260,170 @@ class HostPool(PagedPool):
         except BufferError:
             # a tensor still points into the mapping (e.g. held by a traceback):
             # the mapping goes with the last of them, the memfd at exit
+            pass
+
+
+class _CudaFlat:
+    """fill_random on the device (a seeded CUDA generator: no host round trip)."""
+
+    def fill_random(self, seed):
+        dev = self.flat.device
+        g = torch.Generator(device=dev).manual_seed(seed)
+        self.flat.copy_(torch.randint(0, 256, (self.size,), dtype=torch.uint8, generator=g, device=dev))
+        torch.cuda.synchronize(dev)
+
+
+class CudaPool(_CudaFlat, PagedPool):
+    """A PagedPool in shareable cuMem device memory from kvside.torch_alloc,
+    registered with Client.register_cuda. export() hands the allocation to
+    another process (MappedPool)."""
+
+    def __init__(self, groups, device=0):
+        super().__init__(groups)
+        from kvside import torch_alloc
+        self.device = device
+        self.flat = torch_alloc.empty((self.size,), dtype=torch.uint8, device=device)
+        self._make_views()
+
+    def register(self, client, order=None):
+        return client.register_cuda([(self.flat.data_ptr(), self.size)], self.kvside_groups(),
+                                    self.kvside_layers(order), device=self.device)
+
+    def export(self):
+        """(fd, allocation size, offset of the buffer in it): a new POSIX fd of
+        the cuMem allocation behind the buffer (the caller closes it)."""
+        import ctypes
+        al, base = kvside._Alloc(), ctypes.c_uint64()
+        r = kvside._lib.kvs_cuda_export(ctypes.c_void_p(self.flat.data_ptr()), ctypes.byref(al),
+                                        ctypes.byref(base))
+        if r:
+            raise kvside.KvsideError(r, "kvs_cuda_export")
+        if al.fd < 0:
+            raise RuntimeError("the pool is not cuMem memory (no POSIX fd)")
+        return al.fd, al.size, self.flat.data_ptr() - base.value
+
+
+class CudaMapping:
+    """Another process's cuMem allocation, imported from its POSIX fd and
+    mapped read-write on device (the CUDA driver API, as kvside-server does).
+    tensor(offset, n) is a uint8 torch view of n bytes of it."""
+
+    _cu = None
+
+    @classmethod
+    def _lib(cls):
+        import ctypes
+        if cls._cu is None:
+            cu = ctypes.CDLL("libcuda.so.1")
+            u64, sz, i32, P = ctypes.c_ulonglong, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p
+            sigs = {
+                "cuInit": [ctypes.c_uint], "cuDeviceGet": [ctypes.POINTER(i32), i32],
+                "cuDevicePrimaryCtxRetain": [ctypes.POINTER(P), i32], "cuCtxSetCurrent": [P],
+                "cuMemImportFromShareableHandle": [ctypes.POINTER(u64), P, i32],
+                "cuMemAddressReserve": [ctypes.POINTER(u64), sz, sz, u64, u64],
+                "cuMemMap": [u64, sz, sz, u64, u64],
+                "cuMemSetAccess": [u64, sz, P, sz],
+                "cuMemUnmap": [u64, sz], "cuMemAddressFree": [u64, sz], "cuMemRelease": [u64],
+            }
+            for name, args in sigs.items():
+                f = getattr(cu, name)
+                f.argtypes, f.restype = args, i32
+            cls._cu = cu
+        return cls._cu
+
+    def __init__(self, fd, size, device=0):
+        import ctypes
+
+        class Loc(ctypes.Structure):
+            _fields_ = [("type", ctypes.c_int), ("id", ctypes.c_int)]
+
+        class Access(ctypes.Structure):
+            _fields_ = [("location", Loc), ("flags", ctypes.c_int)]
+
+        cu = self._lib()
+        self.size, self.device, self.va, self.h = size, device, None, None
+
+        def ck(r, what):
+            if r != 0:
+                raise RuntimeError("%s failed: CUresult %d" % (what, r))
+
+        torch.zeros(1, device="cuda:%d" % device)      # torch's primary context exists
+        dev, ctx = ctypes.c_int(), ctypes.c_void_p()
+        ck(cu.cuInit(0), "cuInit")
+        ck(cu.cuDeviceGet(ctypes.byref(dev), device), "cuDeviceGet")
+        ck(cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain")
+        ck(cu.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+        h, va = ctypes.c_ulonglong(), ctypes.c_ulonglong()
+        ck(cu.cuMemImportFromShareableHandle(ctypes.byref(h), ctypes.c_void_p(fd), 1),  # POSIX fd
+           "cuMemImportFromShareableHandle")
+        self.h = h.value
+        try:
+            ck(cu.cuMemAddressReserve(ctypes.byref(va), size, 0, 0, 0), "cuMemAddressReserve")
+            self.va = va.value
+            ck(cu.cuMemMap(self.va, size, 0, self.h, 0), "cuMemMap")
+            acc = Access(Loc(1, device), 3)             # device, read-write
+            ck(cu.cuMemSetAccess(self.va, size, ctypes.byref(acc), 1), "cuMemSetAccess")
+        except BaseException:
+            self.close()
+            raise
+
+    def tensor(self, offset, n):
+        if offset < 0 or offset + n > self.size:
+            raise ValueError("range outside the mapping")
+
+        class _View:
+            pass
+
+        v = _View()
+        v.__cuda_array_interface__ = {"shape": (n,), "typestr": "|u1", "data": (self.va + offset, False),
+                                      "version": 2, "strides": None}
+        return torch.as_tensor(v, device="cuda:%d" % self.device)
+
+    def close(self):
+        cu = self._lib()
+        if self.va is not None:
+            torch.cuda.synchronize()
+            cu.cuMemUnmap(self.va, self.size)
+            cu.cuMemAddressFree(self.va, self.size)
+            self.va = None
+        if self.h is not None:
+            cu.cuMemRelease(self.h)
+            self.h = None
+
+
+class MappedPool(_CudaFlat, PagedPool):
+    """The memory of a CudaPool of another process (same groups, so the same
+    layout), mapped here from its export(): this process reads and writes the
+    blocks the other one registered."""
+
+    def __init__(self, groups, fd, alloc_size, offset, device=0):
+        super().__init__(groups)
+        self.mapping = CudaMapping(fd, alloc_size, device)
+        self.flat = self.mapping.tensor(offset, self.size)
+        self._make_views()
+
+    def close(self):
+        super().close()
+        self.mapping.close()
+
+
+class MappedHostPool(PagedPool):
+    """The memfd of a HostPool of another process, mapped here (the host
+    counterpart of MappedPool, for running the multi-process engine without a
+    GPU)."""
+
+    def __init__(self, groups, fd, size, offset=0, device=None):
+        import mmap
+        super().__init__(groups)
+        self.map = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        self.flat = torch.from_numpy(np.frombuffer(self.map, dtype=np.uint8))[offset:offset + self.size]
+        self._make_views()
+
+    def close(self):
+        super().close()
+        try:
+            self.map.close()
+        except BufferError:
             pass
 
 
@@ -344,8 +516,9 @@ class LocalServer:
     """kvside-server in a private temporary directory; l2=True gives it an L2
     LMDB directory that stays across stop()/start()."""
 
-    def __init__(self, binary, l2=False, extra=()):
+    def __init__(self, binary, l2=False, extra=(), l1_size="64M", l2_size="256M"):
         self.binary = binary
+        self.l1_size, self.l2_size = l1_size, l2_size
         self.tmp = tempfile.mkdtemp(prefix="kvt-e2e-")
         self.run = os.path.join(self.tmp, "run")
         self.l2_path = os.path.join(self.tmp, "l2") if l2 else None
@@ -354,11 +527,11 @@ class LocalServer:
         self.log_path = os.path.join(self.tmp, "server.log")
 
     def start(self, timeout=20):
-        args = [self.binary, "--broker-dir", self.run, "--l1-size", "64M", "--ttl-ms", "5000",
+        args = [self.binary, "--broker-dir", self.run, "--l1-size", self.l1_size, "--ttl-ms", "5000",
                 "--heartbeat-ms", "200", "--metrics-listen", "off", "--log-level", "warn",
                 "--no-prefault"]
         if self.l2_path:
-            args += ["--l2-path", self.l2_path, "--l2-size", "256M"]
+            args += ["--l2-path", self.l2_path, "--l2-size", self.l2_size]
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(args + self.extra, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.time() + timeout

@@ -10,11 +10,30 @@
 #   tests/gpu/gpu-run.sh remote-bench the GPU benchmark alone (TAG names the
 #                                 output, env such as KVS_CUDA_STAGE_BYTES=0
 #                                 selects the engine's path)
+#   tests/gpu/gpu-run.sh remote-vllm  the vLLM connector with CUDA tensors (vllm-connector.md)
 #   tests/gpu/gpu-run.sh remote-cpu   the other bench modes on the same machine
 #                                 (cpu-bench.md, cpu-bench.err); a separate call
 #                                 keeps each under the device's 10-minute limit
+#   tests/gpu/gpu-run.sh remote-e2e   prefix caching on transformers models
+#                                 (tests/e2e/test_e2e_gpu.py: Llama, Mistral with a
+#                                 sliding window, a Mamba hybrid; TP 2 rank processes;
+#                                 L1 and L2; time to first token): e2e-gpu.log;
+#                                 E2E_ARGS passes options (e.g. --no-timing,
+#                                 --dump-src "$OUT"), E2E_TIMEOUT the limit (270 s)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
+# For python3 on the GPU machine: only the bundled libraries the machine lacks
+# (python3 keeps its own libffi, libresolv...) go on LD_LIBRARY_PATH.
+python_libs() {
+  local lib f n
+  lib=$(mktemp -d /tmp/kvside-py-lib.XXXXXX)
+  ldconfig -p > "$lib/.have" 2>/dev/null
+  for f in "$PWD"/.gpu-bundle/lib/*; do
+    n=$(basename "$f")
+    grep -q "^[[:space:]]*$n " "$lib/.have" || ln -s "$f" "$lib/$n"
+  done
+  export LD_LIBRARY_PATH=$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+}
 case "${1:-}" in
 local)
   [ -d build ] || meson setup build >/dev/null
@@ -93,6 +112,22 @@ remote-multi)
   cat "$out/gpu-bench-multi.md"
   exit $rc
   ;;
+remote-vllm)
+  # the vLLM connector with CUDA tensors: store/load byte-exact and its cost
+  # next to raw libkvside calls (plain torch memory: legacy IPC; kvside cuMem)
+  python_libs
+  export KVS_SERVER=$PWD/build/server/kvside-server KVSIDE_LIB=$PWD/build/worker/libkvside.so
+  export PYTHONPATH=$PWD/worker/python:$PWD/tests/vllm/stub PYTHONHASHSEED=0 KVT_LOG_LEVEL=info
+  out=${OUT:-gpu-logs}
+  mkdir -p "$out"
+  rc=0
+  for alloc in torch kvside; do
+    timeout 240 python3 tests/vllm/bench_connector.py --device cuda --alloc $alloc --tokens 4096 \
+      --layers 32 --reps 5 >> "$out/vllm-connector.md" 2>&1 || rc=$?
+  done
+  cat "$out/vllm-connector.md"
+  exit $rc
+  ;;
 remote-cpu)
   export LD_LIBRARY_PATH=$PWD/.gpu-bundle/lib:${LD_LIBRARY_PATH:-}
   export KVS_SERVER=$PWD/build/server/kvside-server
@@ -104,8 +139,24 @@ remote-cpu)
   cat "$out/cpu-bench.md"
   exit $rc
   ;;
+remote-e2e)
+  out=${OUT:-gpu-logs}
+  mkdir -p "$out"
+  python_libs
+  export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+  export KVS_SERVER=$PWD/build/server/kvside-server KVSIDE_LIB=$PWD/build/worker/libkvside.so
+  export PYTHONPATH=$PWD/worker/python${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+  export TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+  nvidia-smi > "$out/nvidia-smi.txt" 2>&1
+  # shellcheck disable=SC2086
+  timeout "${E2E_TIMEOUT:-270}" python3 tests/e2e/test_e2e_gpu.py ${E2E_ARGS:-} > "$out/e2e-gpu.log" 2>&1
+  rc=$?
+  cat "$out/e2e-gpu.log"
+  echo "remote-e2e: exit $rc"
+  exit $rc
+  ;;
 *)
-  echo "usage: $0 local|remote|remote-bench|remote-multi|remote-cpu" >&2
+  echo "usage: $0 local|remote|remote-bench|remote-multi|remote-vllm|remote-cpu|remote-e2e" >&2
   exit 2
   ;;
 esac

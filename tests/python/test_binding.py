@@ -53,7 +53,7 @@ class Server:
         self.log = open(os.path.join(self.tmp, "server.log"), "ab")
         self.proc = subprocess.Popen(
             wrapper + [SERVER, "--broker-dir", self.run, "--ttl-ms", "3000", "--heartbeat-ms", "100",
-                       "--l1-size", "64M", "--metrics-listen", "off", "--log-level", "warn",
+                       "--l1-size", "64M", "--metrics-listen", "off", "--log-level", os.environ.get("KVT_LOG_LEVEL", "warn"),
                        "--no-prefault"] + self.extra,
             stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.time() + (60 if wrapper else 10)

@@ -165,7 +165,9 @@ class SchedulerSide:
         op = JobOp(request.request_id, self.next_job(), b"".join(st.keys[:n]), lists, skip_tokens=skip,
                    sync=sync)
         st.load_job = op.job
-        st.stored = max(st.stored, n)  # the loaded chunks are in kvside already
+        # st.stored stays: should the load fail, vLLM recomputes the prefix and
+        # it is stored again; after a good load the server skips the chunks it
+        # holds (protocol.md 10.2)
         self._pending_loads.append(op)
         self.stats["loads_planned"] += 1
 
