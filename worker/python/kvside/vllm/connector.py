@@ -79,6 +79,9 @@ class KvsideConnector(KVConnectorBase_V1, SupportsHMA):
         self.engine = "vllm-%s" % (ktc.engine_id or "0")
         load = self.cfg.load and getattr(ktc, "is_kv_consumer", True)
         store = self.cfg.store if getattr(ktc, "is_kv_producer", True) else "none"
+        if store == "finished" and any(g.kind == "recurrent" for g in self.groups):
+            raise ValueError("kvside: store 'finished' cannot keep Mamba states (vLLM frees them while "
+                             "the request runs): use store 'eager' for hybrid models")
         self._sched = self._worker = None
         if role == KVConnectorRole.SCHEDULER:
             from .scheduler import SchedulerSide

@@ -28,7 +28,7 @@ log = logging.getLogger("kvside.vllm")
 
 
 class _Req:
-    __slots__ = ("req", "keys", "tables", "hit", "stored", "jobs", "load_job", "finished")
+    __slots__ = ("req", "keys", "tables", "hit", "stored", "jobs", "load_job", "finished", "lookup")
 
     def __init__(self, req, n_groups):
         self.req = req
@@ -39,6 +39,7 @@ class _Req:
         self.jobs = set()         # store jobs not yet seen terminal
         self.load_job = None
         self.finished = False
+        self.lookup = None        # (chunks asked, valid until, hits, tiers)
 
 
 class SchedulerSide:
@@ -57,6 +58,7 @@ class SchedulerSide:
         self._finish_pending = set()
         self._job = (int.from_bytes(os.urandom(8), "little") >> 2) | 1
         self._client, self._next_open = None, 0.0
+        self._no_lookup_until = 0.0
         self._lock = threading.Lock()
         self._done_jobs = {}        # job -> state, from job_done pushes
         self.stats = {"lookups": 0, "lookup_errors": 0, "hit_tokens": 0, "loads_planned": 0,
@@ -129,32 +131,53 @@ class SchedulerSide:
         n_max = min(len(keys), (request.num_tokens - 1) // self.C)
         if n_max * self.C <= num_computed_tokens:
             return 0, False
-        c = self.client()
-        if c is None:
-            return 0, False
-        self.stats["lookups"] += 1
-        try:
-            lk = c.lookup(keys[:n_max], prefetch=True, pin_ms=self.cfg.pin_ms,
-                          timeout_ms=self.cfg.lookup_timeout_ms)
-        except kvside.KvsideError as e:
-            self.stats["lookup_errors"] += 1
-            log.warning("kvside: lookup failed (%s): no hit", e)
-            return 0, False
-        n = lk.hits
+        now = time.monotonic()
+        cached = st.lookup
+        if cached is not None and cached[0] == n_max and now < cached[1]:
+            # a request waiting for blocks is asked again every step: its hit
+            # is pinned for pin_ms, so the answer holds a while
+            hits, tiers = cached[2], cached[3]
+        else:
+            lk = self._lookup(keys[:n_max], now)
+            if lk is None:
+                return 0, False
+            hits, tiers = lk.hits, lk.tiers
+            st.lookup = (n_max, now + min(1.0, self.cfg.pin_ms / 2000.0), hits, tiers)
+        n = hits
         if n * self.C <= num_computed_tokens:
             return 0, False
         # a recurrent state is copied by the worker before start_load_kv (vLLM
         # align mode): only an asynchronous load lands before that; so does an
         # L2 promotion, without holding the step
-        sync = not self.has_recurrent and all(t == "l1" for t in lk.tiers[:n])
+        sync = not self.has_recurrent and all(t == "l1" for t in tiers[:n])
         st.hit = (n, sync)
         ext = n * self.C - num_computed_tokens
         self.stats["hit_tokens"] += ext
         return ext, not sync
 
+    def _lookup(self, keys, now):
+        """The server's answer, or None (no hit) when it cannot be asked: after
+        a failed lookup no lookup is tried for reconnect_ms, so an absent or
+        restarting server does not hold every scheduler step for a time-out."""
+        if now < self._no_lookup_until:
+            return None
+        c = self.client()
+        if c is None:
+            return None
+        self.stats["lookups"] += 1
+        try:
+            return c.lookup(keys, prefetch=True, pin_ms=self.cfg.pin_ms, timeout_ms=self.cfg.lookup_timeout_ms)
+        except kvside.KvsideError as e:
+            self.stats["lookup_errors"] += 1
+            if e.code_name in ("E_TIMEOUT", "ETIMEDOUT", "E_SESSION"):
+                self._no_lookup_until = now + self.cfg.reconnect_ms / 1000.0
+            log.warning("kvside: lookup failed (%s): no hit%s", e,
+                        " for %d ms" % self.cfg.reconnect_ms if now < self._no_lookup_until else "")
+            return None
+
     def update_state_after_alloc(self, request, blocks, num_external_tokens):
         st = self._track(request)
-        hit, st.hit = st.hit, None
+        hit, st.hit, st.lookup = st.hit, None, None
         st.tables = [[] for _ in self.groups]
         self._append(request.request_id, st, blocks.get_block_ids())
         if num_external_tokens <= 0 or hit is None:
@@ -281,6 +304,16 @@ class SchedulerSide:
         if done:
             for st in self._reqs.values():
                 st.jobs.difference_update(done)
+        bad = getattr(out, "invalid_block_ids", None)
+        if bad:
+            # vLLM recomputes from the first block that failed to load: those
+            # chunks must be stored again (the workers did not publish them)
+            for st in self._reqs.values():
+                for g in self.groups:
+                    t = st.tables[g.index]
+                    first = next((i for i, b in enumerate(t) if b in bad), None)
+                    if first is not None:
+                        st.stored = min(st.stored, first // g.blocks_per_chunk)
         for rid in (out.finished_recving or ()):
             st = self._reqs.get(rid)
             if st is not None:

@@ -51,7 +51,8 @@ class WorkerSide:
         self._finish_pending = set()
         self._finished_seen = set()
         self._cuda_sync = None
-        self.stats = {"loads": 0, "load_errors": 0, "load_bytes": 0, "stores": 0,
+        self._failed_now = set()  # requests whose synchronous load failed this step
+        self.stats = {"loads": 0, "load_errors": 0, "stores": 0,
                       "store_failures": 0, "save_waits_ms": 0}
 
     # ---- registration -----------------------------------------------------------------------
@@ -156,6 +157,7 @@ class WorkerSide:
 
     def start_load_kv(self, meta):
         self._fence(meta)
+        self._failed_now = set()
         for op in meta.stores:
             if op.at_step_start:
                 self._submit_store(op)
@@ -175,14 +177,15 @@ class WorkerSide:
                 p.done.set()
             self.stats["loads"] += 1
             if op.sync:
-                sync.append((p, dst))
+                sync.append((op.req_id, p, dst))
             else:
                 self._loads[op.req_id] = (p, dst)
         deadline = time.monotonic() + self.cfg.load_timeout_ms / 1000.0
-        for p, dst in sync:
+        for rid, p, dst in sync:
             ok = p.wait(max(0.0, deadline - time.monotonic())) and not p.code
             if not ok:
                 self._load_failed(dst, p)
+                self._failed_now.add(rid)
 
     def _dest_ids(self, op):
         return {b for lst in op.blocks for b in lst if b != NULL}
@@ -209,9 +212,12 @@ class WorkerSide:
             import torch
             torch.cuda.current_stream(self._cuda_sync.device).synchronize()
         for op in ops:
-            self._submit_store(op)
+            # vLLM discards this step's output of a request whose load failed:
+            # its blocks hold no valid KV, so its store is sent and failed
+            # (every rank's part is then dropped, nothing is published)
+            self._submit_store(op, ok=op.req_id not in self._failed_now)
 
-    def _submit_store(self, op):
+    def _submit_store(self, op, ok=True):
         if self.client is None:
             return
         rec = _Store(op.req_id, op.volatile, time.monotonic() + self.cfg.save_wait_ms / 1000.0)
@@ -229,7 +235,7 @@ class WorkerSide:
         try:
             rec.part = self.client.store_async(op.job, op.keys, op.blocks, timeout_ms=self.cfg.timeout_ms,
                                                callback=refused)
-            self.client.complete_async(op.job, True, timeout_ms=self.cfg.timeout_ms)
+            self.client.complete_async(op.job, ok, timeout_ms=self.cfg.timeout_ms)
         except kvside.KvsideError as e:
             log.warning("kvside: store of %s not sent (%s)", op.req_id, e)
             self.stats["store_failures"] += 1

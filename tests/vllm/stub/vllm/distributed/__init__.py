@@ -1,0 +1,1 @@
+"""Stand-in for vllm/distributed/ (see vllm/__init__.py for the commits)."""
