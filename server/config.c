@@ -42,6 +42,8 @@ static const kvs_config_key keys[] = {
 	 "terminal job ids remembered to answer repeats"},
 	{"prefault", KVS_CFG_BOOL, F(l1_prefault), 0, 0, 0, "BOOL",
 	 "fault the L1 arena in at start-up, in the background"},
+	{"allow-unsealed-memory", KVS_CFG_BOOL, F(allow_unsealed), 0, 0, 0, "BOOL",
+	 "accept host memfds that cannot be sealed against shrinking (a shrink fails the copy, never the server)"},
 	{"allow-uid", KVS_CFG_UID, F(allow_uid), 0, 0, 0x7fffffff, "UID",
 	 "also accept broker peers with this UID (none: only the server's own)"},
 	{"l2-path", KVS_CFG_STR, STRF(l2_path), 0, 0, "DIR",

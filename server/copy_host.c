@@ -3,6 +3,8 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
@@ -21,6 +23,51 @@ struct kvs_copy_pool {
 	atomic_uint_fast64_t bytes;
 };
 
+/* ---- SIGBUS guard ------------------------------------------------------------
+ * Engine memory the server could not seal against shrinking
+ * (allow-unsealed-memory) may lose pages under a copy: the access raises
+ * SIGBUS. A copy thread arms `guard` around its memcpy calls; the handler
+ * jumps back there and the task fails with -EFAULT. A SIGBUS anywhere else
+ * (no guard armed on that thread) gets the default action. */
+/* volatile: memcpy is a builtin the compiler knows not to read `guard`, so
+ * a plain store before it would be dropped as dead */
+static __thread sigjmp_buf *volatile guard;
+
+static void on_sigbus(int sig, siginfo_t *si, void *ctx)
+{
+	(void)si;
+	(void)ctx;
+	sigjmp_buf *g = guard;
+	if (g)
+		siglongjmp(*g, 1);
+	/* not a guarded copy: returning re-runs the access under the default */
+	struct sigaction dfl = {.sa_handler = SIG_DFL};
+	sigemptyset(&dfl.sa_mask);
+	sigaction(sig, &dfl, NULL);
+}
+
+static void install_guard(void)
+{
+	struct sigaction sa = {.sa_sigaction = on_sigbus, .sa_flags = SA_SIGINFO | SA_ONSTACK};
+	sigemptyset(&sa.sa_mask);
+	sigaction(SIGBUS, &sa, NULL);
+}
+
+/* Copies the task's segments; -EFAULT if one met a page that is gone. */
+static int copy_segs(const kvs_copy_task *t)
+{
+	sigjmp_buf env;
+	if (sigsetjmp(env, 1)) {
+		guard = NULL;
+		return -EFAULT;
+	}
+	guard = &env;
+	for (uint32_t i = 0; i < t->n_segs; i++)
+		memcpy(t->segs[i].dst, t->segs[i].src, t->segs[i].len);
+	guard = NULL;
+	return 0;
+}
+
 static void *worker(void *arg)
 {
 	kvs_copy_pool *p = arg;
@@ -35,11 +82,12 @@ static void *worker(void *arg)
 		if (!p->q_head)
 			p->q_tail = NULL;
 		pthread_mutex_unlock(&p->mu);
+		int r = copy_segs(t);
+		if (r && !t->result)
+			t->result = r;
 		uint64_t total = 0;
-		for (uint32_t i = 0; i < t->n_segs; i++) {
-			memcpy(t->segs[i].dst, t->segs[i].src, t->segs[i].len);
+		for (uint32_t i = 0; i < t->n_segs && !r; i++)
 			total += t->segs[i].len;
-		}
 		atomic_fetch_add_explicit(&p->bytes, total, memory_order_relaxed);
 		pthread_mutex_lock(&p->mu);
 		t->next = p->done;
@@ -54,6 +102,8 @@ static void *worker(void *arg)
 
 int kvs_copy_pool_create(unsigned n, int efd, kvs_copy_pool **ret)
 {
+	static pthread_once_t once = PTHREAD_ONCE_INIT;
+	pthread_once(&once, install_guard);
 	kvs_copy_pool *p = calloc(1, sizeof(*p));
 	if (!p)
 		return -ENOMEM;

@@ -3,7 +3,10 @@
  * loop's eventfd is written; the loop collects it with kvs_copy_pool_reap().
  * Tasks own their segment arrays; the memory they point into must stay mapped
  * until the task is reaped (the registration lease and the L1 pin/reservation
- * guarantee that). */
+ * guarantee that). A segment whose pages vanish under the copy (an unsealed
+ * memfd shrunk by its owner: SIGBUS) fails its task with result -EFAULT; the
+ * pool installs a process-wide SIGBUS handler for that, which leaves every
+ * other SIGBUS to the default action. */
 #ifndef KVS_COPY_HOST_H
 #define KVS_COPY_HOST_H
 

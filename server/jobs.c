@@ -396,7 +396,8 @@ static uint8_t try_finalize(kvs_server *srv, kvs_job *job)
 			if (job->parts[r].copy_err) {
 				job->aborting = true;
 				snprintf(job->reason, sizeof(job->reason), "copy failed on rank %u: %s", r,
-					 kvs_error_name(job->parts[r].copy_err));
+					 job->parts[r].copy_err == -EFAULT ? "host memory shrank"
+									   : kvs_error_name(job->parts[r].copy_err));
 			}
 	}
 	bool commit = !job->aborting;
@@ -1163,7 +1164,9 @@ void kvs_jobs_completions(kvs_server *srv)
 					       .state = job->aborting ? KVS_JOB_ABORTED : KVS_JOB_OPEN};
 				if (p->copy_err)
 					kvs__err_to_session(srv, p->session, KVS_OP_RETRIEVE, p->reply_id, KVS_E_DEVICE,
-							    "copy failed: %s", kvs_strerror(p->copy_err));
+							    "copy failed: %s", p->copy_err == -EFAULT
+							    ? "host memory shrank under the copy (unsealed memfd)"
+							    : kvs_strerror(p->copy_err));
 				else
 					kvs__send_to_session(srv, p->session, &rep);
 				p->reply_id = 0;

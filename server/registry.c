@@ -233,7 +233,20 @@ static int validate(kvs_server *srv, const kvs_msg *rq)
 
 /* ---- register -------------------------------------------------------------- */
 
+static int op_register(kvs_server *srv, kvs_session *s, const kvs_msg *rq);
+
+/* A refused registration is an engine misconfiguration the operator should
+ * see (the engine gets the same text in the error reply). */
 int kvs__op_register(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
+{
+	int r = op_register(srv, s, rq);
+	if (r)
+		kvs_warn("session %016llx: register refused: %s: %s", (unsigned long long)s->id,
+			 kvs_error_name(r), srv->errbuf);
+	return r;
+}
+
+static int op_register(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
 {
 	kvs_registry *R = srv->reg;
 	if (s->role != KVS_ROLE_WORKER)
@@ -350,11 +363,18 @@ int kvs__op_register(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
 			r = kvs__fail(srv, KVS_E_DEVICE, "allocations[%u]: fd is not a memfd", i);
 			goto err_imports;
 		}
-		/* a memfd shrunk under our mapping would SIGBUS the copy threads */
+		/* a memfd shrunk under our mapping would SIGBUS the copy threads;
+		 * with allow-unsealed-memory the host engine guards its copies and
+		 * fails the one that meets a shrunk region instead */
+		bool unsealed = false;
 		if (!(seals & F_SEAL_SHRINK) && fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) < 0) {
-			r = kvs__fail(srv, KVS_E_DEVICE, "allocations[%u]: memfd cannot be sealed against shrinking "
-				      "(create it with MFD_ALLOW_SEALING or add F_SEAL_SHRINK)", i);
-			goto err_imports;
+			if (!srv->cfg.allow_unsealed) {
+				r = kvs__fail(srv, KVS_E_DEVICE, "allocations[%u]: memfd cannot be sealed against "
+					      "shrinking (create it with MFD_ALLOW_SEALING and without F_SEAL_SEAL, or add "
+					      "F_SEAL_SHRINK; or start the server with allow-unsealed-memory)", i);
+				goto err_imports;
+			}
+			unsealed = true;
 		}
 		if ((uint64_t)st.st_size < rq->allocs[i].size) {
 			r = kvs__fail(srv, KVS_E_RANGE, "allocations[%u]: memfd holds %lld bytes, %llu declared", i,
@@ -375,6 +395,7 @@ int kvs__op_register(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
 		memcpy(imp->key, key, sizeof(key));
 		imp->base = base;
 		imp->size = rq->allocs[i].size;
+		imp->unsealed = unsealed;
 		imp->fd = fd;
 		imp->dev = st.st_dev;
 		imp->ino = st.st_ino;

@@ -21,6 +21,8 @@ typedef struct kvs_import {
 	uint8_t *base;   /* host: mmap of the memfd; cuda: the mapped device VA */
 	uint64_t size;
 	uint32_t refs;
+	bool unsealed;   /* host: the memfd could not be sealed against shrinking
+			  * (allow-unsealed-memory); copies of it are guarded */
 	struct kvs_cuda_map *cmap; /* cuda imports only */
 } kvs_import;
 

@@ -38,6 +38,7 @@ typedef struct kvs_server_config {
 	uint64_t l2_size;       /* LMDB map size */
 	int l2_sync;            /* enum kvs_l2_sync */
 	bool l1_prefault;       /* fault the arena in at start (background) */
+	bool allow_unsealed;    /* accept memfds that cannot get F_SEAL_SHRINK (copies guarded) */
 	char metrics_listen[128]; /* HOST:PORT of the metrics/health HTTP endpoint; "" = off */
 	uint64_t metrics_stall_ms; /* /healthz fails when the loop has not ticked for this long */
 	uint64_t cuda_staging;  /* device staging bytes per CUDA registration; 0 = kernel only */

@@ -95,7 +95,8 @@ def _maps():
 def host_allocation(ptr, nbytes, what="cache"):
     """The shareable file behind host addresses [ptr, ptr + nbytes): a
     HostAlloc whose fd is a new descriptor the caller closes. Seals the file
-    against shrinking when it is not yet (the server requires F_SEAL_SHRINK).
+    against shrinking when it is not yet and can be (the server requires
+    F_SEAL_SHRINK unless it runs with allow-unsealed-memory).
     Raises LayoutError when the memory is anonymous, private, spans several
     mappings, or no fd of this process names the file."""
     for lo, hi, perms, off, inode, path in _maps():
@@ -155,6 +156,7 @@ def _seal_shrink(fd, path):
         return
     try:
         fcntl.fcntl(fd, add, shrink)
-    except OSError as e:
-        raise LayoutError("%s cannot be sealed against shrinking (%s): create the memfd with "
-                          "MFD_ALLOW_SEALING and without F_SEAL_SEAL" % (path, e)) from None
+    except OSError:
+        # F_SEAL_SEAL without F_SEAL_SHRINK (engines' shared host pools): the
+        # server accepts it only with allow-unsealed-memory, and says so
+        pass
