@@ -79,6 +79,7 @@ static const fdesc alloc_f[] = {
 	{.name = "alloc_id", .type = F_BIN16, .req = true, .off = A(alloc_id)},
 	{.name = "size", .type = F_U64, .req = true, .off = A(size)},
 	{.name = "ipc_handle", .type = F_BINV, .req = false, .off = A(ipc_handle), .max = 64},
+	{.name = "follows", .type = F_BOOL, .req = false, .off = A(follows)},
 };
 static const spec alloc_spec = SPEC(alloc_f);
 

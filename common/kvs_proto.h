@@ -77,6 +77,8 @@ typedef struct kvs_alloc_desc {
 	uint64_t size;
 	kvs_bytes ipc_handle; /* cuda memory without a VMM handle (cudaMalloc): a
 	                       * 64-byte CUipcMemHandle instead of a broker fd */
+	bool follows;         /* mapped right after the previous entry: one range
+	                       * of several allocations (protocol.md 6.4) */
 } kvs_alloc_desc;
 
 typedef struct kvs_group_desc {

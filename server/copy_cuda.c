@@ -365,6 +365,98 @@ void kvs_cuda_unimport(kvs_cuda_engine *e, kvs_cuda_map *m)
 	free(m);
 }
 
+/* A range of several imported allocations mapped back to back, as the
+ * engine maps them (PyTorch's expandable segments): its own address range,
+ * each piece's handle mapped again at its offset. The pieces' imports own
+ * their handles; a span only maps them, so it is torn down first. */
+struct kvs_cuda_span {
+	int dev;
+	CUdeviceptr va;
+	size_t size;
+	uint32_t n;
+	size_t *sizes;
+};
+
+int kvs_cuda_span_map(kvs_cuda_engine *e, kvs_cuda_map *const *pieces, const uint64_t *sizes, uint32_t n,
+		      kvs_cuda_span **ret, char *err, size_t errlen)
+{
+	int d = pieces[0]->dev;
+	size_t total = 0;
+	for (uint32_t i = 0; i < n; i++) {
+		if (pieces[i]->ipc || pieces[i]->dev != d) {
+			snprintf(err, errlen, "allocation %u of a range is %s", i,
+				 pieces[i]->ipc ? "a legacy CUDA IPC allocation" : "on another device");
+			return KVS_E_DEVICE;
+		}
+		/* the engine maps pieces of their declared sizes back to back: a
+		 * piece other than the last must fill its whole mapping */
+		if (i + 1 < n && pieces[i]->size != sizes[i]) {
+			snprintf(err, errlen, "allocation %u of a range: %llu bytes is not a multiple of the "
+				 "mapping granularity", i, (unsigned long long)sizes[i]);
+			return KVS_E_DEVICE;
+		}
+		total += pieces[i]->size;
+	}
+	kvs_cuda_span *s = calloc(1, sizeof(*s));
+	size_t *sz = calloc(n, sizeof(*sz));
+	if (!s || !sz) {
+		free(s);
+		free(sz);
+		snprintf(err, errlen, "out of memory");
+		return KVS_E_INTERNAL;
+	}
+	s->dev = d;
+	s->size = total;
+	s->sizes = sz;
+	CUresult r = CUDA_ERROR_INVALID_CONTEXT;
+	const char *step = "set context";
+	if (use(e, d) != 0)
+		goto fail;
+	step = "cuMemAddressReserve";
+	if ((r = CU(e, cuMemAddressReserve)(&s->va, total, 0, 0, 0)) != CUDA_SUCCESS)
+		goto fail;
+	step = "cuMemMap";
+	size_t off = 0;
+	for (uint32_t i = 0; i < n; i++) {
+		if ((r = CU(e, cuMemMap)(s->va + off, pieces[i]->size, 0, pieces[i]->h, 0)) != CUDA_SUCCESS)
+			goto fail_unmap;
+		sz[s->n++] = pieces[i]->size;
+		off += pieces[i]->size;
+	}
+	CUmemAccessDesc acc = {.location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = d},
+			       .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+	step = "cuMemSetAccess";
+	if ((r = CU(e, cuMemSetAccess)(s->va, total, &acc, 1)) != CUDA_SUCCESS)
+		goto fail_unmap;
+	*ret = s;
+	return 0;
+fail_unmap:
+	for (uint32_t i = 0, o = 0; i < s->n; o += sz[i], i++)
+		CU(e, cuMemUnmap)(s->va + o, sz[i]);
+	CU(e, cuMemAddressFree)(s->va, total);
+fail:
+	snprintf(err, errlen, "%s: %s", step, kvs_cuda_strerror(r));
+	free(sz);
+	free(s);
+	return KVS_E_DEVICE;
+}
+
+void kvs_cuda_span_unmap(kvs_cuda_engine *e, kvs_cuda_span *s)
+{
+	if (!s)
+		return;
+	use(e, s->dev);
+	CU(e, cuCtxSynchronize)();
+	size_t off = 0;
+	for (uint32_t i = 0; i < s->n; off += s->sizes[i], i++)
+		CU(e, cuMemUnmap)(s->va + off, s->sizes[i]);
+	CU(e, cuMemAddressFree)(s->va, s->size);
+	free(s->sizes);
+	free(s);
+}
+
+uint8_t *kvs_cuda_span_base(const kvs_cuda_span *s) { return (uint8_t *)(uintptr_t)s->va; }
+
 uint8_t *kvs_cuda_map_base(const kvs_cuda_map *m) { return (uint8_t *)(uintptr_t)m->va; }
 int kvs_cuda_map_device(const kvs_cuda_map *m) { return m->dev; }
 

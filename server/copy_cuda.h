@@ -16,6 +16,7 @@
 typedef struct kvs_cuda_engine kvs_cuda_engine;
 typedef struct kvs_cuda_map kvs_cuda_map;   /* one imported allocation */
 typedef struct kvs_cuda_stream kvs_cuda_stream;
+typedef struct kvs_cuda_span kvs_cuda_span; /* imported allocations mapped back to back */
 
 /* Creates the engine when a GPU and driver are present (-ENODEV otherwise,
  * with why in err); opts is required. Pins the L1 arena for device access in the background,
@@ -45,6 +46,16 @@ int kvs_cuda_import_ipc(kvs_cuda_engine *e, const uint8_t uuid[16], const uint8_
  * the address range -> release the handle. Accepts NULL. */
 void kvs_cuda_unimport(kvs_cuda_engine *e, kvs_cuda_map *m);
 uint8_t *kvs_cuda_map_base(const kvs_cuda_map *m);
+/* Maps n imported allocations (cuMem, one device) back to back in a new
+ * address range, the engine's layout of one tensor over several allocations;
+ * sizes are the declared ones (every piece but the last must fill its
+ * mapping). 0 and *ret, or KVS_E_DEVICE with the reason in err. The pieces
+ * must outlive the span. */
+int kvs_cuda_span_map(kvs_cuda_engine *e, kvs_cuda_map *const *pieces, const uint64_t *sizes, uint32_t n,
+		      kvs_cuda_span **ret, char *err, size_t errlen);
+/* Synchronizes the device, unmaps, frees the range. Accepts NULL. */
+void kvs_cuda_span_unmap(kvs_cuda_engine *e, kvs_cuda_span *s);
+uint8_t *kvs_cuda_span_base(const kvs_cuda_span *s);
 int kvs_cuda_map_device(const kvs_cuda_map *m);
 
 int kvs_cuda_stream_create(kvs_cuda_engine *e, int device, kvs_cuda_stream **ret);

@@ -66,11 +66,28 @@ static void import_unref(kvs_registry *r, kvs_import *imp)
 	free(imp);
 }
 
+static void spans_free(kvs_registry *r, kvs_span *spans, uint32_t n)
+{
+	for (uint32_t i = 0; i < n; i++) {
+#if KVS_HAVE_CUDA
+		if (spans[i].cspan) {
+			kvs_cuda_span_unmap(r->cuda, spans[i].cspan);
+			continue;
+		}
+#else
+		(void)r;
+#endif
+		munmap(spans[i].base, spans[i].size);
+	}
+	free(spans);
+}
+
 static void reg_free(kvs_registry *r, kvs_reg *g)
 {
 #if KVS_HAVE_CUDA
 	kvs_cuda_stream_destroy(r->cuda, g->stream); /* synchronizes first */
 #endif
+	spans_free(r, g->spans, g->n_spans); /* before the imports they map */
 	for (uint32_t i = 0; i < g->n_imports; i++)
 		import_unref(r, g->imports[i]);
 	for (uint32_t i = 0; i < g->n_groups; i++)
@@ -169,6 +186,30 @@ static int validate(kvs_server *srv, const kvs_msg *rq)
 				 "driver: host engine only)");
 	if (rq->n_allocs == 0 || rq->n_groups == 0 || rq->n_layers == 0)
 		return kvs__fail(srv, KVS_E_GEOMETRY, "a registration needs at least one allocation, group and layer");
+	/* ranges: an allocation that `follows` continues the previous entry's
+	 * range; range[h] is the size of the range whose first entry is h */
+	uint64_t range[KVS_MAX_ALLOCS];
+	long page = sysconf(_SC_PAGESIZE);
+	for (uint32_t i = 0, h = 0; i < rq->n_allocs; i++) {
+		const kvs_alloc_desc *a = &rq->allocs[i];
+		if (!a->follows) {
+			h = i;
+			range[h] = a->size;
+			continue;
+		}
+		if (i == 0)
+			return kvs__fail(srv, KVS_E_GEOMETRY, "allocations[0]: follows no allocation");
+		if (a->ipc_handle.len || rq->allocs[i - 1].ipc_handle.len)
+			return kvs__fail(srv, KVS_E_GEOMETRY, "allocations[%u]: a legacy CUDA IPC allocation cannot be "
+					 "part of a range", i);
+		if (rq->device.type == KVS_DEV_HOST && rq->allocs[i - 1].size % (uint64_t)page)
+			return kvs__fail(srv, KVS_E_RANGE, "allocations[%u]: size %llu is not a multiple of the page "
+					 "size, so allocation %u cannot follow it", i - 1,
+					 (unsigned long long)rq->allocs[i - 1].size, i);
+		if (__builtin_add_overflow(range[h], a->size, &range[h]))
+			return kvs__fail(srv, KVS_E_RANGE, "allocations[%u]: the range's size overflows", i);
+		range[i] = 0;
+	}
 	for (uint32_t i = 0; i < rq->n_groups; i++) {
 		const kvs_group_desc *g = &rq->groups[i];
 		if (g->tokens_per_block == 0 || g->blocks_per_chunk == 0 || g->blocks_per_chunk > 4096)
@@ -192,6 +233,9 @@ static int validate(kvs_server *srv, const kvs_msg *rq)
 			return kvs__fail(srv, KVS_E_GEOMETRY, "layers[%u]: unknown group %u", i, l->group);
 		if (l->alloc >= rq->n_allocs)
 			return kvs__fail(srv, KVS_E_RANGE, "layers[%u]: allocation index %u out of range", i, l->alloc);
+		if (rq->allocs[l->alloc].follows)
+			return kvs__fail(srv, KVS_E_GEOMETRY, "layers[%u]: allocation %u continues a range; a layer "
+					 "names the range's first allocation", i, l->alloc);
 		if (l->num_blocks == 0 || l->block_bytes == 0)
 			return kvs__fail(srv, KVS_E_GEOMETRY, "layers[%u]: num_blocks and block_bytes must be >= 1", i);
 		if (l->block_bytes > l->block_stride)
@@ -201,10 +245,9 @@ static int validate(kvs_server *srv, const kvs_msg *rq)
 		if (__builtin_mul_overflow(l->num_blocks, l->block_stride, &span) ||
 		    __builtin_add_overflow(l->offset, span, &end))
 			return kvs__fail(srv, KVS_E_RANGE, "layers[%u]: offset + num_blocks * block_stride overflows", i);
-		if (end > rq->allocs[l->alloc].size)
+		if (end > range[l->alloc])
 			return kvs__fail(srv, KVS_E_RANGE, "layers[%u]: view ends at %llu, beyond allocation %u of %llu bytes",
-					 i, (unsigned long long)end, l->alloc,
-					 (unsigned long long)rq->allocs[l->alloc].size);
+					 i, (unsigned long long)end, l->alloc, (unsigned long long)range[l->alloc]);
 		for (uint32_t j = 0; j < i; j++) {
 			const kvs_layer_desc *o = &rq->layers[j];
 			if (o->group == l->group && o->num_blocks != l->num_blocks)
@@ -234,6 +277,82 @@ static int validate(kvs_server *srv, const kvs_msg *rq)
 /* ---- register -------------------------------------------------------------- */
 
 static int op_register(kvs_server *srv, kvs_session *s, const kvs_msg *rq);
+
+/* Maps every range of several allocations (entries that `follow`) back to
+ * back in one address range of its own, as the engine maps them, so views may
+ * cross from one allocation into the next. *ret (may be NULL) and *ret_n. */
+static int map_spans(kvs_server *srv, const kvs_msg *rq, kvs_import *const *imps, kvs_span **ret,
+		     uint32_t *ret_n)
+{
+	uint32_t n = 0;
+	for (uint32_t i = 1; i < rq->n_allocs; i++)
+		n += rq->allocs[i].follows && !rq->allocs[i - 1].follows;
+	*ret = NULL;
+	*ret_n = 0;
+	if (!n)
+		return 0;
+	kvs_span *sp = calloc(n, sizeof(*sp));
+	if (!sp)
+		return kvs__fail(srv, KVS_E_INTERNAL, "out of memory");
+	uint32_t k = 0;
+	int r = 0;
+	for (uint32_t h = 0; h < rq->n_allocs; h++) {
+		uint32_t e = h + 1;
+		while (e < rq->n_allocs && rq->allocs[e].follows)
+			e++;
+		if (rq->allocs[h].follows || e == h + 1)
+			continue;
+		kvs_span *s = &sp[k];
+		s->head = h;
+		for (uint32_t j = h; j < e; j++)
+			s->size += rq->allocs[j].size;
+		if (rq->device.type == KVS_DEV_CUDA) {
+#if KVS_HAVE_CUDA
+			kvs_cuda_map *pieces[KVS_MAX_ALLOCS];
+			uint64_t sizes[KVS_MAX_ALLOCS];
+			for (uint32_t j = h; j < e; j++) {
+				pieces[j - h] = imps[j]->cmap;
+				sizes[j - h] = rq->allocs[j].size;
+			}
+			char why[160];
+			if ((r = kvs_cuda_span_map(srv->cuda, pieces, sizes, e - h, &s->cspan, why, sizeof(why))) != 0) {
+				r = kvs__fail(srv, r, "allocations[%u..%u]: %s", h, e - 1, why);
+				goto fail;
+			}
+			s->base = kvs_cuda_span_base(s->cspan);
+#else
+			r = kvs__fail(srv, KVS_E_DEVICE, "no CUDA engine");
+			goto fail;
+#endif
+		} else {
+			uint8_t *va = mmap(NULL, s->size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+			if (va == MAP_FAILED) {
+				r = kvs__fail(srv, KVS_E_DEVICE, "allocations[%u..%u]: reserving %llu bytes failed: %s", h,
+					      e - 1, (unsigned long long)s->size, strerror(errno));
+				goto fail;
+			}
+			uint64_t off = 0;
+			for (uint32_t j = h; j < e; j++) {
+				if (mmap(va + off, rq->allocs[j].size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED,
+					 imps[j]->fd, 0) == MAP_FAILED) {
+					r = kvs__fail(srv, KVS_E_DEVICE, "allocations[%u]: mmap into its range failed: %s", j,
+						      strerror(errno));
+					munmap(va, s->size);
+					goto fail;
+				}
+				off += rq->allocs[j].size;
+			}
+			s->base = va;
+		}
+		k++;
+	}
+	*ret = sp;
+	*ret_n = k;
+	return 0;
+fail:
+	spans_free(srv->reg, sp, k);
+	return r;
+}
 
 /* A refused registration is an engine misconfiguration the operator should
  * see (the engine gets the same text in the error reply). */
@@ -412,9 +531,21 @@ static int op_register(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
 		fresh[i] = true;
 	}
 
+	kvs_span *spans = NULL;
+	uint32_t n_spans = 0;
+	if ((r = map_spans(srv, rq, imps, &spans, &n_spans)) != 0) {
+		i = n;
+		goto err_imports;
+	}
+	uint8_t *range_base[KVS_MAX_ALLOCS] = {0};
+	for (uint32_t k = 0; k < n_spans; k++)
+		range_base[spans[k].head] = spans[k].base;
+
 	g = calloc(1, sizeof(*g));
 	if (!g)
 		goto err_nomem;
+	g->spans = spans;
+	g->n_spans = n_spans;
 	g->groups = calloc(rq->n_groups, sizeof(*g->groups));
 	g->views = calloc(rq->n_layers, sizeof(*g->views));
 	g->imports = calloc(n, sizeof(*g->imports));
@@ -455,7 +586,8 @@ static int op_register(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
 	g->n_views = rq->n_layers;
 	for (uint32_t li = 0; li < rq->n_layers; li++) {
 		const kvs_layer_desc *l = &rq->layers[li];
-		g->views[li] = (kvs_view){.base = imps[l->alloc]->base + l->offset, .num_blocks = l->num_blocks,
+		uint8_t *base = range_base[l->alloc] ? range_base[l->alloc] : imps[l->alloc]->base;
+		g->views[li] = (kvs_view){.base = base + l->offset, .num_blocks = l->num_blocks,
 					  .stride = l->block_stride, .block_bytes = l->block_bytes,
 					  .imp = imps[l->alloc]};
 	}
@@ -502,6 +634,7 @@ static int op_register(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
 
 err_nomem:
 	r = kvs__fail(srv, KVS_E_INTERNAL, "out of memory");
+	spans_free(R, spans, n_spans);
 	if (g) {
 		for (uint32_t gi = 0; g->groups && gi < g->n_groups; gi++)
 			free(g->groups[gi].layers);

@@ -34,6 +34,15 @@ typedef struct kvs_view {
 	kvs_import *imp;
 } kvs_view;
 
+/* A range of several allocations, mapped by the server back to back as the
+ * engine maps them; views of the range address base + offset. */
+typedef struct kvs_span {
+	uint32_t head;   /* index of its first allocation in the request */
+	uint8_t *base;
+	uint64_t size;
+	struct kvs_cuda_span *cspan; /* cuda: the device mapping; host: NULL (mmap) */
+} kvs_span;
+
 typedef struct kvs_reg_group {
 	kvs_group_desc desc;
 	uint32_t n_layers;   /* layers of this group, in registration order */
@@ -60,6 +69,10 @@ typedef struct kvs_reg {
 	kvs_view *views;
 	uint32_t n_imports;
 	kvs_import **imports; /* distinct imports referenced */
+	/* ranges of several allocations mapped back to back (allocations that
+	 * `follow`): one mapping each, unmapped before the imports are dropped */
+	uint32_t n_spans;
+	struct kvs_span *spans;
 	uint32_t leases;
 	bool dead;
 	struct kvs_cuda_stream *stream; /* cuda registrations: their copy stream */

@@ -233,6 +233,7 @@ static int encode_register(kvs_client *c, creg *g, uint8_t (*tokens)[16], kvs_ms
 		memcpy(ad[i].token, tokens[i], 16);
 		memcpy(ad[i].alloc_id, g->allocs[i].alloc_id, 16);
 		ad[i].size = g->allocs[i].size;
+		ad[i].follows = g->allocs[i].follows;
 		ad[i].ipc_handle = (kvs_bytes){NULL, 0};
 		if (g->allocs[i].fd < 0 && g->ipc)
 			ad[i].ipc_handle = (kvs_bytes){g->ipc[i], 64};

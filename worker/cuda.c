@@ -163,6 +163,7 @@ int kvs_cuda_export(const void *dptr, kvs_alloc *ret_alloc, uint64_t *ret_base)
 	}
 	ret_alloc->fd = fd;
 	ret_alloc->size = size;
+	ret_alloc->follows = false;
 	*ret_base = base;
 	return 0;
 }

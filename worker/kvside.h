@@ -142,6 +142,11 @@ typedef struct kvs_alloc {
 	int fd;              /**< memfd (host) or POSIX-fd cuMem handle; duplicated */
 	uint64_t size;       /**< bytes */
 	uint8_t alloc_id[16];/**< stable id of the allocation (0 = random) */
+	bool follows;        /**< mapped right after the previous allocation: the
+	                          entries form one range (a tensor over several
+	                          cuMem allocations, e.g. PyTorch's expandable
+	                          segments); layers name the range's first entry
+	                          and their offsets may run across the pieces */
 } kvs_alloc;
 
 typedef struct kvs_group {

@@ -11,7 +11,8 @@ import torch
 
 
 class KvsAlloc(ctypes.Structure):
-    _fields_ = [("fd", ctypes.c_int), ("size", ctypes.c_uint64), ("alloc_id", ctypes.c_uint8 * 16)]
+    _fields_ = [("fd", ctypes.c_int), ("size", ctypes.c_uint64), ("alloc_id", ctypes.c_uint8 * 16),
+                ("follows", ctypes.c_bool)]
 
 
 lib = ctypes.CDLL(sys.argv[1])

@@ -284,6 +284,37 @@ class BindingTest(unittest.TestCase):
             ranks[0].client.store_async(100, keys, [[1 << 64] * (n * BPC)])
         self.assertEqual(sched.stats()["retained_blocks"], 0)
 
+    def test_range_of_two_memfds(self):
+        """Two memfds registered as one range (the second follows the first):
+        a layer view crossing from one into the other stores and retrieves
+        byte-exact on both sides of the boundary."""
+        sched = self.client(world=1)
+        half = 64 * 4096
+        a, b = kvside.HostMemory(half), kvside.HostMemory(half)
+        for m in (a, b):
+            m.view[:] = os.urandom(half)
+            self.closers.append(m.close)
+        c = kvside.Client("py-eng", NS, rank=0, world=1, broker_dir=self.srv.run, timeout_ms=5000)
+        self.closers.append(c.close)
+        # 32 blocks of 8 KiB from 128 KiB into a: blocks 16..31 lie in b
+        c.register_memory([a, (b.fd, b.size, True)], groups=[kvside.Group(0, "attention", 16, BPC)],
+                          layers=[kvside.Layer(0, 0, half // 2, 32, 8192, 8192)])
+
+        def block(i):
+            off = half // 2 + i * 8192
+            m, off = (a, off) if off < half else (b, off - half)
+            return bytes(m.view[off:off + 8192])
+
+        keys = kvside.chunk_keys(NS, tokens(9, 4), CHUNK)
+        c.store(1, keys, [list(range(12, 12 + 4 * BPC))])    # blocks 12..27: across the boundary
+        c.complete(1)
+        self.assertEqual(sched.job_wait(1, 5000), "committed")
+        src = [block(i) for i in range(12, 28)]
+        c.retrieve(2, keys, [list(range(28, 32)) + list(range(0, 12))])
+        c.complete(2)
+        got = [block(i) for i in list(range(28, 32)) + list(range(0, 12))]
+        self.assertEqual(got, src)
+
     def test_errors_carry_the_code(self):
         r = Rank(self.srv, 0, 1)
         self.closers.append(r.close)

@@ -352,7 +352,7 @@ static const kvs_alloc_desc ALLOCS[2] = {
 	 .size = 1ull << 34},
 	{.token = {0xff, 0, 0xff, 0, 0xff, 0, 0xff, 0, 0xff, 0, 0xff, 0, 0xff, 0, 0xff, 0},
 	 .alloc_id = {16, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1},
-	 .size = UINT64_MAX},
+	 .size = UINT64_MAX, .follows = true},
 };
 static const kvs_group_desc GROUPS[2] = {
 	{.id = 0, .kind = KVS_GROUP_ATTENTION, .tokens_per_block = 16, .blocks_per_chunk = 4,
@@ -603,6 +603,7 @@ static void assert_msg_eq(const kvs_msg *a, const kvs_msg *b)
 		ck_assert_mem_eq(a->allocs[i].token, b->allocs[i].token, KVS_TOKEN_BYTES);
 		ck_assert_mem_eq(a->allocs[i].alloc_id, b->allocs[i].alloc_id, 16);
 		EQ(allocs[i].size);
+		EQ(allocs[i].follows);
 	}
 	EQ(n_groups);
 	for (uint32_t i = 0; i < a->n_groups; i++) {

@@ -160,6 +160,18 @@ static void expect_bad(fx *f, kvs_session *s, const kvs_group_desc *g, uint32_t 
 	ck_assert_uint_eq(kvs_registry_imports(f->srv->reg), 0);
 }
 
+/* like expect_bad, with the allocations given */
+static void expect_bad2(fx *f, kvs_session *s, const kvs_alloc_desc *a, uint32_t na, const kvs_layer_desc *l,
+			int code, const char *needle)
+{
+	int r = fx_register(f, s, a, na, &G3, 1, l, 1);
+	ck_assert_msg(r == code, "expected %s, got %s (%s)", kvs_error_name(code), kvs_error_name(r),
+		      f->srv->errbuf);
+	ck_assert_msg(strstr(f->srv->errbuf, needle), "errbuf '%s' lacks '%s'", f->srv->errbuf, needle);
+	ck_assert_uint_eq(kvs_registry_count(f->srv->reg), 0);
+	ck_assert_uint_eq(kvs_registry_imports(f->srv->reg), 0);
+}
+
 START_TEST(test_bad_geometry)
 {
 	fx f;
@@ -271,6 +283,57 @@ START_TEST(test_groups_share_memory)
 	l[2].offset = 128;
 	expect_bad(&f, s, gg, 2, l, 3, KVS_E_GEOMETRY, "overlaps");
 	close(fd);
+	fx_stop(&f);
+}
+END_TEST
+
+/* A range of several allocations (entries that follow the previous one) is
+ * mapped back to back: a view may cross from one memfd into the next. */
+START_TEST(test_ranges)
+{
+	fx f;
+	fx_start(&f, 0, 0);
+	kvs_session *s = fx_worker(&f, "a", 0, 1);
+	int fd0 = fx_memfd(ASZ), fd1 = fx_memfd(ASZ);
+	ck_assert_int_eq(pwrite(fd0, "AAAA", 4, ASZ - 4), 4);
+	ck_assert_int_eq(pwrite(fd1, "BBBB", 4, 0), 4);
+	/* one layer of 16 blocks of 1 KiB starting 8 KiB into piece 0: blocks
+	 * 8..15 lie in piece 1 */
+	kvs_layer_desc l = {.group = 3, .alloc = 0, .offset = ASZ / 2, .num_blocks = 16, .block_stride = 1024,
+			    .block_bytes = 1024};
+	fx_park(&f, 1, 100, ASZ, dup(fd0));
+	fx_park(&f, 2, 101, ASZ, dup(fd1));
+	kvs_alloc_desc a[2] = {fx_alloc(1, 100, ASZ), fx_alloc(2, 101, ASZ)};
+	a[1].follows = true;
+	ck_assert_msg(fx_register(&f, s, a, 2, &G3, 1, &l, 1) == 0, "%s", ERRMSG(&f));
+	kvs_reg *g = kvs_registry_of_session(f.srv->reg, s->id);
+	ck_assert_uint_eq(g->n_spans, 1);
+	ck_assert_uint_eq(kvs_registry_imports(f.srv->reg), 2);
+	const uint8_t *v = g->views[0].base;
+	ck_assert_mem_eq(v + ASZ / 2 - 4, "AAAA", 4); /* end of piece 0 */
+	ck_assert_mem_eq(v + ASZ / 2, "BBBB", 4);     /* start of piece 1, right after */
+	kvs_msg un = {.op = KVS_OP_UNREGISTER, .id = 9, .registration = g->id};
+	ck_assert_int_eq(kvs__op_unregister(f.srv, s, &un), 0);
+	ck_assert_uint_eq(kvs_registry_imports(f.srv->reg), 0);
+
+	/* refused, nothing kept: a first entry that follows; a layer naming an
+	 * entry inside a range; a view past the range's end; a piece of a host
+	 * range that is not a whole number of pages */
+	kvs_alloc_desc b[2] = {fx_alloc(1, 100, ASZ), fx_alloc(2, 101, ASZ)};
+	b[0].follows = true;
+	expect_bad2(&f, s, b, 2, &l, KVS_E_GEOMETRY, "follows no allocation");
+	b[0].follows = false;
+	b[1].follows = true;
+	kvs_layer_desc l1 = l;
+	l1.alloc = 1;
+	expect_bad2(&f, s, b, 2, &l1, KVS_E_GEOMETRY, "continues a range");
+	kvs_layer_desc past = l;
+	past.offset = ASZ + 1024;
+	expect_bad2(&f, s, b, 2, &past, KVS_E_RANGE, "beyond allocation 0");
+	b[0].size = ASZ - 100;
+	expect_bad2(&f, s, b, 2, &l, KVS_E_RANGE, "not a multiple of the page size");
+	close(fd0);
+	close(fd1);
 	fx_stop(&f);
 }
 END_TEST
@@ -582,6 +645,7 @@ static Suite *registry_suite(void)
 	tcase_add_test(tc, test_same_alloc_id_other_memory);
 	tcase_add_test(tc, test_bad_geometry);
 	tcase_add_test(tc, test_groups_share_memory);
+	tcase_add_test(tc, test_ranges);
 	tcase_add_test(tc, test_tokens);
 	tcase_add_test(tc, test_not_memfd);
 	tcase_add_test(tc, test_failed_reregistration_keeps_old);

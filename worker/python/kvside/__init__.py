@@ -86,7 +86,8 @@ class _StatOut(ctypes.Structure):
 
 
 class _Alloc(ctypes.Structure):
-    _fields_ = [("fd", ctypes.c_int), ("size", ctypes.c_uint64), ("alloc_id", ctypes.c_uint8 * 16)]
+    _fields_ = [("fd", ctypes.c_int), ("size", ctypes.c_uint64), ("alloc_id", ctypes.c_uint8 * 16),
+                ("follows", ctypes.c_bool)]
 
 
 class _Group(ctypes.Structure):
@@ -525,12 +526,17 @@ class Client:
 
     def register_memory(self, allocations, groups, layers, timeout_ms=0):
         """Registers host memory: allocations are HostMemory objects or
-        (fd, size) pairs (the library keeps a duplicate of each fd); layer
+        (fd, size) pairs (the library keeps a duplicate of each fd), or
+        (fd, size, True) for one mapped right after the previous entry (a
+        range: layers name its first entry and may run across); layer
         offsets are relative to their allocation. Returns the handle."""
         allocs = []
         for m in allocations:
-            fd, size = (m.fd, m.size) if isinstance(m, HostMemory) else m
-            allocs.append(_Alloc(fd, size))
+            if isinstance(m, HostMemory):
+                fd, size, follows = m.fd, m.size, False
+            else:
+                fd, size, follows = (tuple(m) + (False,))[:3]
+            allocs.append(_Alloc(fd, size, (ctypes.c_uint8 * 16)(), bool(follows)))
         return self._register(allocs, groups, layers, 0, bytes(16), timeout_ms)
 
     def register_cuda(self, buffers, groups, layers, device=0, timeout_ms=0):
@@ -544,20 +550,37 @@ class Client:
                               "this libkvside was built without CUDA support")
         uuid = (ctypes.c_uint8 * 16)()
         _check(_lib.kvs_cuda_device_uuid(device, uuid), "register_cuda")
-        allocs, shift, fds = [], [], []
+        allocs, head, shift, fds = [], [], [], []
         try:
             for ptr, size in buffers:
-                al, base = _Alloc(), ctypes.c_uint64()
-                _check(_lib.kvs_cuda_export(ctypes.c_void_p(ptr), ctypes.byref(al), ctypes.byref(base)),
-                       "register_cuda")
-                if al.fd >= 0:
-                    fds.append(al.fd)
-                off = ptr - base.value
-                if off < 0 or off + size > al.size:
-                    raise ValueError("buffer 0x%x+%d lies outside its allocation" % (ptr, size))
-                allocs.append(al)
-                shift.append(off)
-            moved = [Layer(x.group, x.alloc, x.offset + shift[x.alloc], x.num_blocks, x.block_stride,
+                # the allocation under ptr, then every one mapped after it
+                # until the buffer's end (PyTorch's expandable segments map a
+                # tensor over several): one range of entries
+                first, end, at = len(allocs), ptr + size, ptr
+                while True:
+                    al, base = _Alloc(), ctypes.c_uint64()
+                    _check(_lib.kvs_cuda_export(ctypes.c_void_p(at), ctypes.byref(al), ctypes.byref(base)),
+                           "register_cuda")
+                    if al.fd >= 0:
+                        fds.append(al.fd)
+                    if len(allocs) == first:
+                        shift.append(ptr - base.value)
+                        start = base.value
+                    elif base.value != at or al.fd < 0:
+                        raise ValueError("buffer 0x%x+%d crosses from one allocation into %s at 0x%x" % (
+                            ptr, size, "memory without a cuMem handle" if al.fd < 0 else "unmapped memory",
+                            at))
+                    al.follows = len(allocs) > first
+                    allocs.append(al)
+                    at = base.value + al.size
+                    if at >= end:
+                        break
+                    if allocs[first].fd < 0:
+                        raise ValueError("buffer 0x%x+%d lies outside its allocation (legacy CUDA IPC "
+                                         "memory cannot span allocations)" % (ptr, size))
+                del start
+                head.append(first)
+            moved = [Layer(x.group, head[x.alloc], x.offset + shift[x.alloc], x.num_blocks, x.block_stride,
                            x.block_bytes) for x in layers]
             return self._register(allocs, groups, moved, 1, bytes(uuid), timeout_ms)
         finally:
