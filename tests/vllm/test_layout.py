@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""kvside.vllm.layout on the tensors vLLM hands to register_kv_caches
+"""kvside.layout on the tensors vLLM hands to register_kv_caches
 (layouts as described in docs/vllm.md, mirrored from vllm-project/vllm at
 e578de311c2416e66c6a8b9819586bb91de10f9d: vllm/v1/attention/backends/
 flash_attn.py get_kv_cache_shape / stride order, mla_attention.py,
@@ -18,8 +18,8 @@ except ImportError:
     print("SKIP: torch cannot be imported")
     sys.exit(77)
 
-# layout.py needs neither vLLM nor libkvside
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "worker", "python", "kvside", "vllm"))
+# kvside/layout.py needs neither vLLM nor libkvside
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "worker", "python", "kvside"))
 import layout  # noqa: E402
 
 NB, BS, H, D = 10, 16, 4, 8

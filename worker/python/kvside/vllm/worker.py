@@ -25,7 +25,7 @@ import time
 import kvside
 
 from .groups import NULL, kvside_groups
-from .layout import LayoutError, block_views, host_allocation, view_extent
+from ..layout import LayoutError, block_views, host_allocation, view_extent
 
 log = logging.getLogger("kvside.vllm")
 

@@ -1,4 +1,5 @@
-"""Turns the KV-cache tensors an engine hands over into kvside registrations.
+"""Turns the KV-cache tensors an engine hands over into kvside registrations
+(used by the vLLM connector and the SGLang backend).
 
 Pure functions over anything tensor-like (``data_ptr``, ``shape``, ``stride``,
 ``element_size``, ``is_cuda``), so they are testable without vLLM. A *view* is
