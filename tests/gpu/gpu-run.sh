@@ -10,7 +10,16 @@
 #   tests/gpu/gpu-run.sh remote-bench the GPU benchmark alone (TAG names the
 #                                 output, env such as KVS_CUDA_STAGE_BYTES=0
 #                                 selects the engine's path)
-#   tests/gpu/gpu-run.sh remote-vllm  the vLLM connector with CUDA tensors (vllm-connector.md)
+#   tests/gpu/gpu-run.sh remote-vllm  the vLLM connector with CUDA tensors: its bench
+#                                 (vllm-connector.md), then tests/vllm/test_connector.py
+#                                 with KVT_DEVICE=cuda once per allocator (torch: legacy
+#                                 IPC, kvside: cuMem), the two at once, each with its own
+#                                 servers: vllm-connector-cuda-<alloc>.log, a per-case
+#                                 summary appended to vllm-connector.md; VLLM_CASES picks
+#                                 cases (unittest names, default all), VLLM_BENCH=0 skips
+#                                 the bench, KVT_CUDA_DELAY_US the engine's spin (300);
+#                                 then a control that must fail (writes on a stream the
+#                                 connector does not wait for; VLLM_CONTROL=0 skips it)
 #   tests/gpu/gpu-run.sh remote-cpu   the other bench modes on the same machine
 #                                 (cpu-bench.md, cpu-bench.err); a separate call
 #                                 keeps each under the device's 10-minute limit
@@ -114,18 +123,96 @@ remote-multi)
   ;;
 remote-vllm)
   # the vLLM connector with CUDA tensors: store/load byte-exact and its cost
-  # next to raw libkvside calls (plain torch memory: legacy IPC; kvside cuMem)
+  # next to raw libkvside calls (plain torch memory: legacy IPC; kvside cuMem),
+  # then its test suite on CUDA KV caches
   python_libs
   export KVS_SERVER=$PWD/build/server/kvside-server KVSIDE_LIB=$PWD/build/worker/libkvside.so
   export PYTHONPATH=$PWD/worker/python:$PWD/tests/vllm/stub PYTHONHASHSEED=0 KVT_LOG_LEVEL=info
   out=${OUT:-gpu-logs}
   mkdir -p "$out"
   rc=0
+  if [ "${VLLM_BENCH:-1}" != 0 ]; then
+    for alloc in torch kvside; do
+      timeout 240 python3 tests/vllm/bench_connector.py --device cuda --alloc $alloc --tokens 4096 \
+        --layers 32 --reps 5 >> "$out/vllm-connector.md" 2>&1 || rc=$?
+    done
+    cat "$out/vllm-connector.md"
+  fi
+  # the connector suite in vLLM's call order on CUDA KV caches (tests/vllm/engine.py,
+  # KVT_DEVICE=cuda): both allocators at once, each in its own TMPDIR (servers, engine logs)
+  declare -A pid tmp
+  # vllm_start NAME ALLOC TIMEOUT CASES [ENV=VALUE...]: test_connector.py in the background
+  vllm_start() {
+    local name=$1 alloc=$2 limit=$3 cases=$4
+    shift 4
+    tmp[$name]=$(mktemp -d "/tmp/kvt-$name.XXXXXX")
+    # shellcheck disable=SC2086
+    env TMPDIR="${tmp[$name]}" KVT_DEVICE=cuda KVT_CUDA_ALLOC="$alloc" KVT_KEEP_LOGS=1 PYTHONUNBUFFERED=1 "$@" \
+      timeout "$limit" python3 tests/vllm/test_connector.py -v $cases > "$out/vllm-connector-$name.log" 2>&1 &
+    pid[$name]=$!
+  }
+  # vllm_report NAME TITLE: waits, appends one line per case to vllm-connector.md; sets r
+  vllm_report() {
+    local name=$1 title=$2
+    r=0
+    wait "${pid[$name]}" || r=$?
+    {
+      echo
+      echo "$title: exit $r"
+      echo '```'
+      # one line per case (unittest -v prints the name, then the docstring's first line)
+      python3 - "$out/vllm-connector-$name.log" <<'PY'
+import re, sys
+t = re.sub(r"logs kept in \S+\n", "", open(sys.argv[1], errors="replace").read())
+for m in re.finditer(r"^(test_\w+) \(([\w.]+)\)(?:\n[^\n]*?)? \.\.\. (.*)$", t, re.M):
+    print("%-48s %s" % (m.group(2).split(".", 1)[-1], m.group(3)))
+for m in re.finditer(r"^(Ran .*|OK.*|FAILED.*)$", t, re.M):
+    print(m.group(1))
+for block in re.split(r"^={20,}$", t, flags=re.M):
+    m = re.search(r"^(FAIL|ERROR): (test_\w+)", block, re.M)
+    # the innermost exception, before the processes' log tails
+    e = re.findall(r"^([\w.]+(?:Error|Failure|Exception)\b.*)$", block.split("\n---- ")[0], re.M)
+    if m:
+        print("%s %s: %s" % (m.group(1), m.group(2), (e[-1] if e else "?")[:400]))
+PY
+      echo '```'
+    } | tee -a "$out/vllm-connector.md"
+    # the engine's process logs, when a case failed
+    [ $r -eq 0 ] || tar -C "${tmp[$name]}" -czf "$out/vllm-connector-$name-logs.tgz" . 2>/dev/null
+    rm -rf "${tmp[$name]}"
+  }
   for alloc in torch kvside; do
-    timeout 240 python3 tests/vllm/bench_connector.py --device cuda --alloc $alloc --tokens 4096 \
-      --layers 32 --reps 5 >> "$out/vllm-connector.md" 2>&1 || rc=$?
+    vllm_start "cuda-$alloc" $alloc "${VLLM_TEST_TIMEOUT:-270}" "${VLLM_CASES:-}"
   done
-  cat "$out/vllm-connector.md"
+  for alloc in torch kvside; do
+    vllm_report "cuda-$alloc" \
+      "test_connector.py KVT_DEVICE=cuda KVT_CUDA_ALLOC=$alloc KVT_CUDA_DELAY_US=${KVT_CUDA_DELAY_US:-300}"
+    [ $r -eq 0 ] || rc=$r
+  done
+  # the control (VLLM_CONTROL=0 skips it): the engine's KV writes on a side stream
+  # (KVT_CUDA_WRITE_STREAM=side) that the connector's wait_for_save does not
+  # synchronise; these cases must fail (stale bytes stored and loaded), else the
+  # suite could not see a store that does not wait for the stream. Not in the exit code.
+  if [ "${VLLM_CONTROL:-1}" != 0 ]; then
+    for alloc in torch kvside; do
+      vllm_start "control-$alloc" $alloc 150 \
+        "Connector.test_tp2_shared_prefix_stored_then_loaded Connector.test_preemption_while_saving" \
+        KVT_CUDA_WRITE_STREAM=side
+    done
+    for alloc in torch kvside; do
+      vllm_report "control-$alloc" "control (expected to FAIL): KVT_CUDA_WRITE_STREAM=side KVT_CUDA_ALLOC=$alloc"
+    done
+  fi
+  # layer tensors of plain PyTorch with expandable segments (one tensor over
+  # several cuMem allocations) under the preload interposer (issue 19)
+  if [ "${VLLM_SPAN:-1}" != 0 ]; then
+    r=0
+    LD_PRELOAD=$PWD/build/worker/libkvside-preload.so PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True \
+      PYTHONPATH=$PYTHONPATH:$PWD/tests/python timeout 180 python3 tests/gpu/torch_span_check.py \
+      > "$out/torch-span.log" 2>&1 || r=$?
+    echo "torch_span_check.py: exit $r"; cat "$out/torch-span.log"
+    [ $r -eq 0 ] || rc=$r
+  fi
   exit $rc
   ;;
 remote-cpu)

@@ -73,6 +73,33 @@ exported), in vLLM's layouts: attention layers logical
 shared by one layer of each group (hybrid); Mamba layers int8
 [num_blocks, 1, 1, padded page].
 
+CUDA (KVT_DEVICE=cuda): each rank (on GPU rank % device count) allocates
+every KVCacheTensor on the GPU instead, in the same layouts, as vLLM's
+_allocate_kv_cache_tensors does (torch.zeros(size, int8)):
+KVT_CUDA_ALLOC=torch (default) a plain torch allocation, which libkvside
+exports as legacy CUDA IPC; KVT_CUDA_ALLOC=kvside kvside.torch_alloc.empty
+(cuMem, POSIX fds). The mock model's bytes still come from the CPU: writes
+are pinned host rows copied non_blocking and scattered (index_copy_) on the
+current stream, the Mamba pre-copy and the zeroing of new_block_ids_to_zero
+are device ops on the current stream, and nothing waits for them: as in
+vLLM, only the connector's wait_for_save (which must synchronise the stream
+before the server copies) and the engine's own reads order them. The output
+digests gather their spans on the stream before wait_for_save and copy them
+to the host after the connector output (vLLM's sampled-token copy); the
+prefix checks and Mamba state reads copy at once. KVT_CUDA_DELAY_US (default
+300, 0: off) enqueues a spin kernel of that length at the start of every
+step and before every layer's writes: the GPU still busy with earlier work,
+as under vLLM's async scheduling, so that a copy the connector starts
+without ordering it after the stream sees stale or unzeroed bytes.
+KVT_CUDA_WRITE_STREAM=side is a control that breaks that ordering on
+purpose: the writes (and their spins) go to a side stream that waits for the
+current one and that the current one waits for only after the connector
+output, so a store the connector starts after synchronising the current
+stream may copy stale bytes (the engine's own reads stay right; loads then
+find wrong bytes and the cases must fail). KVT_DEVICE=torch-cpu runs the
+torch code path on the host memory above (no GPU, no pinning, no delay): a
+check of the engine itself.
+
 Mock model (MockModel): the KV of position p in layer l on rank r is a hash
 of tokens[0..p]; a Mamba state is a hash chain over the tokens, read from
 and written to its state block; a step's output for a request is a digest
@@ -85,6 +112,7 @@ whether a prefix was loaded or computed, and any wrong byte changes them.
 """
 
 import collections
+import contextlib
 import faulthandler
 import hashlib
 import os
@@ -407,13 +435,52 @@ class Worker:
             _timed(self.connector, WORKER_CALLS, self.timing)
         nb, page = spec.num_blocks, self.model.page
         self.mems, self.raw_np, self.kv_caches, self.phys = [], [], {}, {}
+        # the torch path (KVT_DEVICE=cuda or torch-cpu): raw tensors, per layer
+        # its pages (nb, page) and attention layers' token rows (nb * bs, token bytes)
+        self.kv_device = os.environ.get("KVT_DEVICE", "cpu")
+        if self.kv_device not in ("cpu", "cuda", "torch-cpu"):
+            raise EngineError("KVT_DEVICE=%s: expected cpu, cuda or torch-cpu" % self.kv_device)
+        self.on_torch = self.kv_device != "cpu"
+        self.cuda = self.kv_device == "cuda"
+        self.raw_t, self.tphys, self.trows = [], {}, {}
+        self.tdev = torch.device("cpu")
+        self.delay_cycles = 0
+        self.wstream = None
+        if self.cuda:
+            self.tdev = torch.device("cuda", rank % torch.cuda.device_count())
+            torch.cuda.set_device(self.tdev)
+            self.cuda_alloc = os.environ.get("KVT_CUDA_ALLOC", "torch")
+            if self.cuda_alloc not in ("torch", "kvside"):
+                raise EngineError("KVT_CUDA_ALLOC=%s: expected torch or kvside" % self.cuda_alloc)
+            # torch.cuda._sleep spins this many clock cycles (about 2 per ns on an H200)
+            self.delay_cycles = int(float(os.environ.get("KVT_CUDA_DELAY_US", "300")) * 2000)
+            if self.delay_cycles and not hasattr(torch.cuda, "_sleep"):
+                print("rank %d: torch %s has no torch.cuda._sleep: KVT_CUDA_DELAY_US ignored"
+                      % (rank, torch.__version__), file=sys.stderr)
+                self.delay_cycles = 0
+            ws = os.environ.get("KVT_CUDA_WRITE_STREAM", "current")
+            if ws not in ("current", "side"):
+                raise EngineError("KVT_CUDA_WRITE_STREAM=%s: expected current or side" % ws)
+            if ws == "side":
+                self.wstream = torch.cuda.Stream(self.tdev)
         layer_group = {n: (gi, li) for n, gi, li in layer_names(spec)}
         for t in self.kcc.kv_cache_tensors:
-            mem = kvside.HostMemory(t.size, name="vllm-kv-r%d" % rank)
-            self.mems.append(mem)
-            arr = np.frombuffer(mem.buffer, dtype=np.uint8)     # keeps the mmap exported
-            raw = torch.from_numpy(arr).view(torch.int8)
-            self.raw_np.append(arr)
+            if self.cuda:
+                if self.cuda_alloc == "kvside":
+                    from kvside import torch_alloc
+                    raw = torch_alloc.empty((t.size,), dtype=torch.int8, device=self.tdev)
+                else:
+                    raw = torch.empty(t.size, dtype=torch.int8, device=self.tdev)
+                raw.zero_()
+            else:
+                mem = kvside.HostMemory(t.size, name="vllm-kv-r%d" % rank)
+                self.mems.append(mem)
+                arr = np.frombuffer(mem.buffer, dtype=np.uint8)     # keeps the mmap exported
+                raw = torch.from_numpy(arr).view(torch.int8)
+            if self.on_torch:
+                self.raw_t.append(raw)
+            else:
+                self.raw_np.append(arr)
             for name in t.shared_by:
                 gi, li = layer_group[name]
                 g = spec.groups[gi]
@@ -423,7 +490,19 @@ class Worker:
                     phys = raw.view(_torch_dtype(spec.dtype)).view(nb, g.block_size, g.num_kv_heads,
                                                                    2 * g.head_size)
                     self.kv_caches[name] = phys.permute(0, 2, 1, 3)   # logical (nb, H, bs, 2D), NHD order
-                self.phys[name] = arr[:nb * page].reshape(nb, page)
+                if self.on_torch:
+                    u8 = raw[:nb * page].view(torch.uint8)
+                    self.tphys[name] = u8.view(nb, page)
+                    if g.kind != "mamba":
+                        tb = attn_token_bytes(g, spec.dtype)
+                        if g.block_size * tb != page:
+                            raise EngineError("%s: page %d B is not %d tokens of %d B" % (name, page, g.block_size,
+                                                                                        tb))
+                        self.trows[name] = u8.view(nb * g.block_size, tb)
+                else:
+                    self.phys[name] = arr[:nb * page].reshape(nb, page)
+        if self.cuda:
+            torch.cuda.synchronize(self.tdev)
         self.layers = layer_names(spec)
         self.no_compile_layers = {n: _Layer(t) for n, t in self.kv_caches.items()}
         self.has_mamba = any(g.kind == "mamba" for g in spec.groups)
@@ -442,9 +521,15 @@ class Worker:
             if st is not None:
                 st.tables = None
         if so.new_block_ids_to_zero:
-            ids = self.np.array(sorted(set(so.new_block_ids_to_zero)), dtype=self.np.int64)
-            for arr in self.raw_np:
-                arr.reshape(self.spec.num_blocks, -1)[ids] = 0
+            if self.on_torch:
+                # vLLM's _zero_block_ids: device ops on the current stream, not waited for
+                ids = self._t_index(sorted(set(so.new_block_ids_to_zero)))
+                for raw in self.raw_t:
+                    raw.view(self.spec.num_blocks, -1).index_fill_(0, ids, 0)
+            else:
+                ids = self.np.array(sorted(set(so.new_block_ids_to_zero)), dtype=self.np.int64)
+                for arr in self.raw_np:
+                    arr.reshape(self.spec.num_blocks, -1)[ids] = 0
         for nr in so.scheduled_new_reqs:
             toks = nr.prefill_token_ids if nr.prefill_token_ids is not None else nr.prompt_token_ids
             self.reqs[nr.req_id] = _ReqState(toks, [list(t) for t in nr.block_ids], nr.num_computed_tokens)
@@ -475,16 +560,52 @@ class Worker:
                               % (self.rank, p, what, gi, len(t)))
         return t[i], p % g.block_size
 
-    def _read_span(self, name, gi, st, lo, hi):
+    def _read_span(self, name, gi, st, lo, hi, gather=False):
+        """The bytes of positions [lo, hi) of a request in an attention layer.
+        gather (torch path): a tensor gathered on the current stream instead,
+        read later (_Digest.digest)."""
         g = self.spec.groups[gi]
         if hi <= lo:
             return b""
         bs, tb = g.block_size, attn_token_bytes(g, self.spec.dtype)
         first, last = lo // bs, (hi - 1) // bs
         ids = [st.tables[gi][i] if i < len(st.tables[gi]) else NULL for i in range(first, last + 1)]
-        data = self.phys[name][self.np.array(ids, dtype=self.np.int64)].reshape(-1)
         off = (lo - first * bs) * tb
+        if self.on_torch:
+            data = self.tphys[name][self._t_index(ids)].reshape(-1)[off:off + (hi - lo) * tb]
+            return data if gather else self._t_bytes(data)
+        data = self.phys[name][self.np.array(ids, dtype=self.np.int64)].reshape(-1)
         return data[off:off + (hi - lo) * tb].tobytes()
+
+    # -- the torch path (KVT_DEVICE=cuda / torch-cpu)
+
+    def _t_index(self, ids):
+        """An int64 index tensor on the KV device (copied on the current stream)."""
+        t = self.torch.tensor(list(ids), dtype=self.torch.int64)
+        return t.pin_memory().to(self.tdev, non_blocking=True) if self.cuda else t
+
+    def _t_rows(self, data, n):
+        """Host bytes as an (n, len/n) uint8 tensor on the KV device, copied
+        from pinned memory on the current stream (not waited for)."""
+        t = self.torch.frombuffer(bytearray(data), dtype=self.torch.uint8).view(n, -1)
+        return t.pin_memory().to(self.tdev, non_blocking=True) if self.cuda else t
+
+    def _t_bytes(self, t):
+        """A tensor's bytes on the host (a device-to-host copy: waits for the stream)."""
+        return t.cpu().numpy().tobytes()
+
+    def _gpu_busy(self):
+        """KVT_CUDA_DELAY_US: a spin kernel ahead of what follows on the stream."""
+        if self.delay_cycles:
+            self.torch.cuda._sleep(self.delay_cycles)
+
+    def _writes(self):
+        """Where the model's KV writes go: the current stream (as vLLM), or
+        with KVT_CUDA_WRITE_STREAM=side a side stream after the current one."""
+        if self.wstream is None:
+            return contextlib.nullcontext()
+        self.wstream.wait_stream(self.torch.cuda.current_stream())
+        return self.torch.cuda.stream(self.wstream)
 
     def _mamba_block(self, gi, st, n_tokens):
         g = self.spec.groups[gi]
@@ -497,6 +618,7 @@ class Worker:
         c = self.connector
         checks = []
         v2 = self.spec.runner == "v2"
+        self._gpu_busy()
         if c is not None:
             if so.kv_connector_metadata is None:
                 raise EngineError("SchedulerOutput without kv_connector_metadata")
@@ -535,7 +657,10 @@ class Worker:
                     src, dst = st.tables[gi][prev], st.tables[gi][curr]
                     for name, lg, li in self.layers:
                         if lg == gi:
-                            self.phys[name][dst, :sb] = self.phys[name][src, :sb]
+                            if self.on_torch:
+                                self.tphys[name][dst, :sb].copy_(self.tphys[name][src, :sb])
+                            else:
+                                self.phys[name][dst, :sb] = self.phys[name][src, :sb]
         check = extra.get("check", {})
         attn_meta = {}
         for name, gi, li in self.layers:
@@ -549,7 +674,7 @@ class Worker:
                     b, o = self._slot(st, gi, p, rid)
                     slots.append(b * g.block_size + o)
             attn_meta[name] = _AttnMeta(self.torch.tensor(slots, dtype=self.torch.int64), len(slots))
-        digests = {rid: hashlib.blake2b(digest_size=32) for rid, n in sched
+        digests = {rid: _Digest() for rid, n in sched
                    if self.reqs[rid].num_computed + n == len(self.reqs[rid].tokens)}
         with set_forward_context(attn_meta, self.vllm_config, no_compile_layers=self.no_compile_layers):
             if c is not None:
@@ -566,25 +691,44 @@ class Worker:
                 if c is not None:
                     c.wait_for_layer_load(name)
                 tb = attn_token_bytes(g, self.spec.dtype)
+                with self._writes():
+                    self._gpu_busy()
                 for rid, n in sched:
                     st = self.reqs[rid]
                     if rid in check:
                         self._check_attention(name, gi, li, rid, st, check[rid], checks)
+                    rows, slots = [], []
                     for p in range(st.num_computed, st.num_computed + n):
                         b, o = self._slot(st, gi, p, rid)
                         if b == NULL:
                             raise EngineError("rank %d: %s position %d maps to the null block in group %d"
                                               % (self.rank, rid, p, gi))
-                        self.phys[name][b, o * tb:(o + 1) * tb] = self.np.frombuffer(
-                            self.model.kv_bytes(li, self.rank, st.hashes[p], tb), dtype=self.np.uint8)
+                        kvb = self.model.kv_bytes(li, self.rank, st.hashes[p], tb)
+                        if self.on_torch:
+                            rows.append(kvb)
+                            slots.append(b * g.block_size + o)
+                        else:
+                            self.phys[name][b, o * tb:(o + 1) * tb] = self.np.frombuffer(kvb, dtype=self.np.uint8)
+                    if slots:
+                        # one scatter per layer and request, on the current stream
+                        # (the control: on the side stream)
+                        with self._writes():
+                            self.trows[name].index_copy_(0, self._t_index(slots),
+                                                         self._t_rows(b"".join(rows), len(slots)))
                     if rid in digests:
                         lo, hi = MockModel.attn_span(g, st.num_computed + n)
                         digests[rid].update(name.encode())
-                        digests[rid].update(self._read_span(name, gi, st, lo, hi))
+                        with self._writes():
+                            digests[rid].update(self._read_span(name, gi, st, lo, hi, gather=True))
                 if c is not None:
                     c.save_kv_layer(name, self.kv_caches[name], attn_meta[name])
             kv = self._connector_output(so, wait_for_save=True) if c is not None else None
-        return {"digests": {rid: h.digest() for rid, h in digests.items()}, "kv": kv, "checks": checks}
+        if self.wstream is not None:
+            self.torch.cuda.current_stream().wait_stream(self.wstream)
+        # the outputs reach the host after the forward and the connector's
+        # wait_for_save (vLLM's sampled-token copy)
+        return {"digests": {rid: h.digest(self._t_bytes) for rid, h in digests.items()}, "kv": kv,
+                "checks": checks}
 
     def _mamba_layer(self, name, gi, li, sched, check, checks, digests):
         g = self.spec.groups[gi]
@@ -598,7 +742,7 @@ class Worker:
             if nc == 0:
                 d = MockModel.mamba_init(li, self.rank)
             else:
-                cur = self.phys[name][b, :sb].tobytes()
+                cur = self._t_bytes(self.tphys[name][b, :sb]) if self.on_torch else self.phys[name][b, :sb].tobytes()
                 if rid in check:
                     want = self.model.expand(MockModel.mamba_fold(MockModel.mamba_init(li, self.rank),
                                                                   st.tokens[:nc]), sb)
@@ -610,7 +754,12 @@ class Worker:
                 d = self.model.decode_state(cur)
             d = MockModel.mamba_fold(d, st.tokens[nc:nc + n])
             state = self.model.expand(d, sb)
-            self.phys[name][b, :sb] = self.np.frombuffer(state, dtype=self.np.uint8)
+            if self.on_torch:
+                with self._writes():
+                    self._gpu_busy()
+                    self.tphys[name][b, :sb].copy_(self._t_rows(state, 1)[0], non_blocking=True)
+            else:
+                self.phys[name][b, :sb] = self.np.frombuffer(state, dtype=self.np.uint8)
             if rid in digests:
                 digests[rid].update(name.encode())
                 digests[rid].update(state)
@@ -650,8 +799,27 @@ class Worker:
         return out
 
     def shutdown(self):
+        if self.cuda:
+            self.torch.cuda.synchronize(self.tdev)
         if self.connector is not None:
             self.connector.shutdown()
+
+
+class _Digest:
+    """A step output's hash, fed bytes or (torch path) tensors gathered on
+    the stream, which are read only when the digest is taken."""
+
+    def __init__(self):
+        self.parts = []
+
+    def update(self, part):
+        self.parts.append(part)
+
+    def digest(self, to_bytes):
+        h = hashlib.blake2b(digest_size=32)
+        for p in self.parts:
+            h.update(p if isinstance(p, bytes) else to_bytes(p))
+        return h.digest()
 
 
 def _timed(obj, names, table):
@@ -691,7 +859,7 @@ def _setup_process(log_path):
     faulthandler.enable(sys.stderr)
     faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
     import logging
-    logging.basicConfig(level=os.environ.get("KVT_LOG_LEVEL", "WARNING"), stream=sys.stderr,
+    logging.basicConfig(level=os.environ.get("KVT_LOG_LEVEL", "WARNING").upper(), stream=sys.stderr,
                         format="%(asctime)s " + os.path.basename(log_path) + " %(name)s %(levelname)s %(message)s")
 
 

@@ -23,7 +23,10 @@ tests/vllm/stub, tests/vllm and tests/python; PYTHONHASHSEED set (the
 stand-in seeds vLLM's NONE_HASH from it). KVT_LOG_LEVEL (e.g. INFO) raises
 the processes' log level; KVT_KEEP_LOGS=1 keeps their logs; KVT_VERBOSE=1
 prints each phase's per-request record, connector stats and call timings;
-KVT_CONNECTOR=module:Class drives another connector class.
+KVT_CONNECTOR=module:Class drives another connector class. KVT_DEVICE=cuda
+puts every rank's KV caches on the GPU (KVT_CUDA_ALLOC=torch|kvside,
+KVT_CUDA_DELAY_US, the control KVT_CUDA_WRITE_STREAM=side: engine.py's
+docstring); tests/gpu/gpu-run.sh remote-vllm runs the suite that way.
 """
 
 import inspect

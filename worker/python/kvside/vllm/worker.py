@@ -155,12 +155,22 @@ class WorkerSide:
 
     # ---- loads --------------------------------------------------------------------------------
 
+    def _sync_stream(self):
+        """The server reads and writes device memory outside this process's
+        streams: work queued on the current stream (a forward writing KV,
+        vLLM zeroing new blocks) must be done before it starts."""
+        if self._cuda_sync is not None:
+            import torch
+            torch.cuda.current_stream(self._cuda_sync.device).synchronize()
+
     def start_load_kv(self, meta):
         self._fence(meta)
         self._failed_now = set()
-        for op in meta.stores:
-            if op.at_step_start:
-                self._submit_store(op)
+        early = [op for op in meta.stores if op.at_step_start]
+        if early or meta.loads:
+            self._sync_stream()
+        for op in early:
+            self._submit_store(op)
         if not meta.loads:
             return
         sync = []
@@ -206,11 +216,7 @@ class WorkerSide:
         ops = [op for op in meta.stores if not op.at_step_start]
         if not ops:
             return
-        if self._cuda_sync is not None:
-            # the server copies from device memory: this step's kernels must
-            # have written the blocks first
-            import torch
-            torch.cuda.current_stream(self._cuda_sync.device).synchronize()
+        self._sync_stream()  # this step's kernels must have written the blocks
         for op in ops:
             # vLLM discards this step's output of a request whose load failed:
             # its blocks hold no valid KV, so its store is sent and failed
