@@ -1,7 +1,9 @@
 /* Logging sink shared by the server, the client library and the tools. */
 #include "kvs_log.h"
 
+#include <ctype.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
@@ -9,6 +11,17 @@
 #include <unistd.h>
 
 static atomic_int log_level = KVS_LOG_WARN;
+static atomic_int log_format = KVS_LOG_TEXT;
+
+void kvs_log_set_format(int format) { atomic_store(&log_format, format); }
+int kvs_log_format_parse(const char *s)
+{
+	if (strcmp(s, "text") == 0)
+		return KVS_LOG_TEXT;
+	if (strcmp(s, "json") == 0)
+		return KVS_LOG_JSON;
+	return -1;
+}
 
 void kvs_log_set_level(int level) { atomic_store(&log_level, level); }
 int kvs_log_get_level(void) { return atomic_load_explicit(&log_level, memory_order_relaxed); }
@@ -22,21 +35,81 @@ int kvs_log_level_parse(const char *s)
 	return -1;
 }
 
+/* JSON string body of s (quotes, backslashes, control bytes escaped) into
+ * out; returns the bytes written (out holds at least cap). */
+static size_t json_escape(char *out, size_t cap, const char *s)
+{
+	size_t n = 0;
+	for (; *s && n + 7 < cap; s++) {
+		unsigned char c = (unsigned char)*s;
+		if (c == '"' || c == '\\') {
+			out[n++] = '\\';
+			out[n++] = (char)c;
+		} else if (c < 0x20) {
+			n += (size_t)snprintf(out + n, cap - n, "\\u%04x", c);
+		} else {
+			out[n++] = (char)c;
+		}
+	}
+	return n;
+}
+
+/* The first "<word> " followed by n hex digits (session ids: 16) or by
+ * decimal digits (job ids) in msg, copied to out; false if none. */
+static bool find_id(const char *msg, const char *word, bool hex, char *out, size_t cap)
+{
+	size_t wl = strlen(word);
+	for (const char *p = strstr(msg, word); p; p = strstr(p + 1, word)) {
+		if (p != msg && p[-1] != ' ' && p[-1] != '(')
+			continue;
+		const char *q = p + wl;
+		size_t k = 0;
+		while (k + 1 < cap && (hex ? isxdigit((unsigned char)q[k]) : isdigit((unsigned char)q[k])))
+			k++;
+		if (k == 0 || (hex && k != 16))
+			continue;
+		memcpy(out, q, k);
+		out[k] = 0;
+		return true;
+	}
+	return false;
+}
+
 void kvs_log_write(int level, const char *comp, const char *fmt, ...)
 {
 	static const char lv[] = "EWID";
-	char line[1024];
+	static const char *names[] = {"error", "warn", "info", "debug"};
+	char msg[900], line[2048], when[48];
 	struct timespec ts;
 	struct tm tm;
 	clock_gettime(CLOCK_REALTIME, &ts);
 	gmtime_r(&ts.tv_sec, &tm);
-	int n = snprintf(line, sizeof(line), "%02d:%02d:%02d.%03ld %c %s: ", tm.tm_hour, tm.tm_min,
-			 tm.tm_sec, ts.tv_nsec / 1000000, lv[level & 3], comp);
+	/* ISO 8601, UTC, milliseconds */
+	snprintf(when, sizeof(when), "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", (tm.tm_year + 1900) % 10000,
+		 (tm.tm_mon + 1) % 100, tm.tm_mday % 100, tm.tm_hour % 100, tm.tm_min % 100, tm.tm_sec % 100,
+		 (int)(ts.tv_nsec / 1000000) % 1000);
 	va_list ap;
 	va_start(ap, fmt);
-	int m = vsnprintf(line + n, sizeof(line) - (size_t)n - 1, fmt, ap);
+	int m = vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
-	size_t len = (size_t)n + (m < 0 ? 0 : (size_t)m);
+	if (m < 0)
+		msg[0] = 0;
+	size_t len;
+	if (atomic_load_explicit(&log_format, memory_order_relaxed) == KVS_LOG_JSON) {
+		len = (size_t)snprintf(line, sizeof(line), "{\"time\":\"%s\",\"level\":\"%s\",\"module\":\"", when,
+				       names[level & 3]);
+		len += json_escape(line + len, 64, comp);
+		len += (size_t)snprintf(line + len, sizeof(line) - len, "\",\"message\":\"");
+		len += json_escape(line + len, sizeof(line) - len - 96, msg);
+		char id[32];
+		if (find_id(msg, "session ", true, id, sizeof(id)))
+			len += (size_t)snprintf(line + len, sizeof(line) - len, "\",\"session\":\"%s", id);
+		if (find_id(msg, "job ", false, id, sizeof(id)))
+			len += (size_t)snprintf(line + len, sizeof(line) - len, "\",\"job\":\"%s", id);
+		len += (size_t)snprintf(line + len, sizeof(line) - len, "\"}");
+	} else {
+		len = (size_t)snprintf(line, sizeof(line), "%s %c %s: %s", when, lv[level & 3], comp, msg);
+	}
 	if (len > sizeof(line) - 2)
 		len = sizeof(line) - 2;
 	line[len++] = '\n';

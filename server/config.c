@@ -58,6 +58,8 @@ static const kvs_config_key keys[] = {
 	{"metrics-stall-ms", KVS_CFG_MS, F(metrics_stall_ms), 0, 1, DAY_MS, "MS",
 	 "/healthz fails when the main loop has not ticked for this long"},
 	{"log-level", KVS_CFG_LEVEL, F(log_level), 0, 0, 0, "LEVEL", "error, warn, info, debug"},
+	{"log-format", KVS_CFG_LOGFMT, F(log_format), 0, 0, 0, "FORMAT",
+	 "text (ISO 8601 UTC time, level, module, message) or json (one object per line)"},
 	{"cuda-staging", KVS_CFG_SIZE, F(cuda_staging), 0, 0, 1ull << 40, "BYTES",
 	 "device memory per GPU registration for staged copies, 4 slots (0: kernel only)"},
 	{"cuda-stage-min", KVS_CFG_SIZE, F(cuda_stage_min), 0, 0, 1ull << 40, "BYTES",
@@ -69,6 +71,8 @@ _Static_assert(sizeof(keys) / sizeof(keys[0]) <= 64, "kvs_config_load tracks at 
 
 static const char *const level_names[] = {"error", "warn", "info", "debug"};
 _Static_assert(KVS_LOG_ERROR == 0 && KVS_LOG_DEBUG == 3, "level_names follows enum kvs_log_level");
+static const char *const logfmt_names[] = {"text", "json"};
+_Static_assert(KVS_LOG_TEXT == 0 && KVS_LOG_JSON == 1, "logfmt_names follows enum kvs_log_format");
 static const char *const sync_names[] = {"full", "nometa", "none"};
 _Static_assert(KVS_L2_SYNC_FULL == 0 && KVS_L2_SYNC_NOMETA == 1 && KVS_L2_SYNC_NONE == 2,
 	       "sync_names follows enum kvs_l2_sync");
@@ -254,6 +258,13 @@ int kvs_config_set(kvs_server_config *cfg, const char *name, const char *value, 
 		memcpy(field, &lv, sizeof(lv));
 		return 0;
 	}
+	case KVS_CFG_LOGFMT: {
+		int f = index_of(logfmt_names, 2, value);
+		if (f < 0)
+			return BAD("%s: '%s' is not one of text, json", k->name, value);
+		memcpy(field, &f, sizeof(f));
+		return 0;
+	}
 	case KVS_CFG_SYNC: {
 		int m = index_of(sync_names, 3, value);
 		if (m < 0)
@@ -313,6 +324,10 @@ void kvs_config_format(const kvs_server_config *cfg, const kvs_config_key *k, ch
 	case KVS_CFG_LEVEL:
 		memcpy(&i, field, sizeof(i));
 		snprintf(buf, cap, "%s", i >= 0 && i < 4 ? level_names[i] : "info");
+		return;
+	case KVS_CFG_LOGFMT:
+		memcpy(&i, field, sizeof(i));
+		snprintf(buf, cap, "%s", i == KVS_LOG_JSON ? "json" : "text");
 		return;
 	case KVS_CFG_SYNC:
 		memcpy(&i, field, sizeof(i));

@@ -21,6 +21,7 @@ enum kvs_config_type {
 	KVS_CFG_UID,   /* a UID, or none (-1, "none", empty or null) */
 	KVS_CFG_LEVEL, /* error, warn, info, debug */
 	KVS_CFG_SYNC,  /* full, nometa, none */
+	KVS_CFG_LOGFMT, /* text, json */
 	KVS_CFG_BOOL,  /* true/false (also yes/no, on/off, 1/0) */
 };
 

@@ -116,6 +116,7 @@ int main(int argc, char **argv)
 		return 0;
 	}
 	kvs_log_set_level(cfg.log_level);
+	kvs_log_set_format(cfg.log_format);
 	/* every import holds an fd and every client a socket: raise the soft
 	 * limit to the hard one (libzmq aborts when it runs out of fds) */
 	struct rlimit rl;

@@ -33,6 +33,7 @@ typedef struct kvs_server_config {
 	uint32_t terminal_jobs; /* bounded table of terminal job ids */
 	uint32_t copy_threads;  /* host copy pool */
 	int log_level;
+	int log_format;         /* enum kvs_log_format */
 	long allow_uid;         /* extra UID allowed on the broker, -1 = none */
 	char l2_path[256];      /* LMDB environment directory; "" = no L2 tier */
 	uint64_t l2_size;       /* LMDB map size */

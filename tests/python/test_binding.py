@@ -315,6 +315,40 @@ class BindingTest(unittest.TestCase):
         got = [block(i) for i in list(range(28, 32)) + list(range(0, 12))]
         self.assertEqual(got, src)
 
+    def test_json_log_lines(self):
+        """log-format json: every line of a second server's log is one JSON
+        object with an ISO 8601 UTC time, and lines naming a session or a job
+        carry its id in a field of its own."""
+        import json
+        import re
+        srv = Server("--log-format", "json", "--log-level", "debug")
+        srv.start()
+        try:
+            with kvside.Client("py-eng", NS, rank=0, world=1, broker_dir=srv.run) as c:
+                mem = kvside.HostMemory(REGION)
+                c.register_memory([mem], groups=[kvside.Group(0, "attention", TOKENS_PER_BLOCK, BPC)],
+                                  layers=[kvside.Layer(0, 0, 0, BLOCKS, STRIDE, BLOCK_BYTES)])
+                c.store(77, kvside.chunk_keys(NS, tokens(5, 1), CHUNK), block_ids(0, 1))
+                c.complete(77)
+                c.job_wait(77, 5000)
+                session = "%016x" % c.session
+            mem.close()
+        finally:
+            rc = srv.stop()
+            log = open(os.path.join(srv.tmp, "server.log"), errors="replace").read()
+            srv.cleanup()
+        self.assertEqual(rc, 0)
+        lines = [json.loads(line) for line in log.splitlines() if line.strip()]
+        self.assertGreater(len(lines), 3)
+        for o in lines:
+            self.assertRegex(o["time"], r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z$")
+            self.assertIn(o["level"], ("error", "warn", "info", "debug"))
+            self.assertTrue(o["module"] and isinstance(o["message"], str))
+        self.assertTrue(any(o.get("session") == session for o in lines), "no line carries the session id")
+        self.assertTrue(any(o.get("job") == "77" for o in lines), "no line carries the job id")
+        self.assertFalse(any(re.search(r"session [0-9a-f]{16}", o["message"]) and "session" not in o
+                             for o in lines))
+
     def test_errors_carry_the_code(self):
         r = Rank(self.srv, 0, 1)
         self.closers.append(r.close)

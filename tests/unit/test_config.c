@@ -80,9 +80,11 @@ START_TEST(good_every_kind)
 		"l2-sync: nometa\n"
 		"metrics-listen: '[::1]:9100'\n"
 		"metrics-stall-ms: 3000\n"
-		"log-level: debug\n");
+		"log-level: debug\n"
+		"log-format: json\n");
 	int r = kvs_config_load(&c, p, err, sizeof(err));
 	ck_assert_msg(r == 0, "%s", err);
+	ck_assert_int_eq(c.log_format, KVS_LOG_JSON);
 	ck_assert_str_eq(c.listen, "tcp://127.0.0.1:5555");
 	ck_assert_str_eq(c.broker_dir, "/run/kvside");
 	ck_assert_uint_eq(c.l1_size, 16ull << 30);
@@ -151,6 +153,7 @@ static const struct {
 	{"allow-uid: root\n", {":1:", "allow-uid"}},
 	{"l2-sync: always\n", {":1:", "l2-sync", "full, nometa, none"}},
 	{"log-level: verbose\n", {":1:", "log-level"}},
+	{"log-format: xml\n", {":1:", "log-format", "text, json"}},
 	{"broker-dir: ''\n", {":1:", "broker-dir", "empty"}},
 	{"metrics-listen: 9464\n", {":1:", "metrics-listen", "HOST:PORT"}},
 	{"metrics-listen: 'localhost:99999'\n", {":1:", "metrics-listen"}},
@@ -290,7 +293,7 @@ START_TEST(example_file_holds_the_defaults)
 			{"drain-ms", "7"}, {"copy-threads", "7"}, {"terminal-jobs", "7"},
 			{"prefault", "false"}, {"allow-uid", "7"}, {"l2-path", "/x"}, {"l2-size", "5M"},
 			{"l2-sync", "none"}, {"metrics-listen", "127.0.0.1:7"},
-			{"metrics-stall-ms", "7"}, {"log-level", "error"}, {"cuda-staging", "7M"},
+			{"metrics-stall-ms", "7"}, {"log-level", "error"}, {"log-format", "json"}, {"cuda-staging", "7M"},
 			{"cuda-stage-min", "7K"}};
 		for (size_t i = 0; i < sizeof(odd) / sizeof(odd[0]); i++)
 			if (strcmp(odd[i].name, k->name) == 0)
