@@ -73,7 +73,7 @@ remote)
     r=0
     env "${envs[@]}" timeout 300 build/tests/gpu/test_gpu > "$out/gpu-suite-$v.log" 2>&1 || r=$?
     [ $r -eq 0 ] || rc=$r
-    echo "gpu suite ($v ${envs[*]}): exit $r"; grep -v '^[0-9][0-9]:' "$out/gpu-suite-$v.log" | tail -12
+    echo "gpu suite ($v ${envs[*]}): exit $r"; grep -Ev '^[0-9]{4}-[0-9]{2}-[0-9]{2}T' "$out/gpu-suite-$v.log" | tail -12
   done
   KVS_PRELOAD=$PWD/build/worker/libkvside-preload.so timeout 120 build/tests/gpu/test_preload \
     > "$out/gpu-preload.log" 2>&1 || rc=$?
@@ -115,7 +115,7 @@ remote-multi)
   n=$(nvidia-smi -L | grep -c '^GPU')
   rc=0
   KVS_GPU_SPREAD=1 timeout 300 build/tests/gpu/test_gpu > "$out/gpu-suite-multi.log" 2>&1 || rc=$?
-  echo "gpu suite over $n GPUs: exit $rc"; grep -v '^[0-9][0-9]:' "$out/gpu-suite-multi.log" | tail -14
+  echo "gpu suite over $n GPUs: exit $rc"; grep -Ev '^[0-9]{4}-[0-9]{2}-[0-9]{2}T' "$out/gpu-suite-multi.log" | tail -14
   timeout 400 build/tests/bench/kvside-bench gpu --spread --ranks "$n" > "$out/gpu-bench-multi.md" \
     2> "$out/gpu-bench-multi.err" || rc=$?
   cat "$out/gpu-bench-multi.md"
