@@ -1,7 +1,8 @@
 """kvside: Python binding of libkvside, the kvside-server client library.
 
 ctypes over ``libkvside.so``; standard library only. The library is found
-through ``$KVSIDE_LIB`` (a path), else the system's library search
+through ``$KVSIDE_LIB`` (a path), else the copy a wheel bundles
+(``kvside/_lib/libkvside.so.0``), else the system's library search
 (``libkvside.so.0``). Every call maps one-to-one onto a function of
 ``kvside.h``; see that header for the semantics.
 
@@ -143,6 +144,10 @@ def _find_library():
     path = os.environ.get("KVSIDE_LIB")
     if path:
         return path
+    # the copy bundled in the wheel (tools/build-wheel.sh), next to this file
+    bundled = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_lib", "libkvside.so.0")
+    if os.path.isfile(bundled):
+        return bundled
     found = ctypes.util.find_library("kvside")
     return found or "libkvside.so.0"
 
