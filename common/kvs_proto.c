@@ -1085,3 +1085,52 @@ done:
 	*ret_len = sb.size;
 	return 0;
 }
+
+/* ---- KV events (vLLM's wire format) ---------------------------------------------- */
+
+static int pack_nil_field(msgpack_packer *pk, const char *name)
+{
+	return pack_str(pk, name, strlen(name)) | msgpack_pack_nil(pk);
+}
+
+int kvs_kvevents_encode(const kvs_kvevent *evs, uint32_t n, double ts, void **ret_buf, size_t *ret_len)
+{
+	static const char *kinds[] = {"BlockStored", "BlockRemoved", "AllBlocksCleared"};
+	msgpack_sbuffer sb;
+	msgpack_packer pk;
+	msgpack_sbuffer_init(&sb);
+	msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+	/* KVEventBatch: array-like [ts, events] (data_parallel_rank omitted) */
+	int r = msgpack_pack_array(&pk, 2) | msgpack_pack_double(&pk, ts) | msgpack_pack_array(&pk, n);
+	for (uint32_t i = 0; i < n && !r; i++) {
+		const kvs_kvevent *e = &evs[i];
+		if (e->kind < KVS_KVEV_STORED || e->kind > KVS_KVEV_CLEARED) {
+			r = -EINVAL;
+			break;
+		}
+		const char *kind = kinds[e->kind - KVS_KVEV_STORED];
+		/* a tagged struct: a map whose "type" names the class */
+		uint32_t fields = e->kind == KVS_KVEV_STORED ? 8 : e->kind == KVS_KVEV_REMOVED ? 3 : 1;
+		r |= msgpack_pack_map(&pk, fields) | pack_str(&pk, "type", 4) | pack_str(&pk, kind, strlen(kind));
+		if (e->kind == KVS_KVEV_CLEARED)
+			continue;
+		r |= pack_str(&pk, "block_hashes", 12) | msgpack_pack_array(&pk, e->n_keys);
+		for (uint32_t k = 0; k < e->n_keys; k++)
+			r |= pack_bin(&pk, e->keys + 32 * (size_t)k, 32);
+		if (e->kind == KVS_KVEV_STORED) {
+			r |= pack_nil_field(&pk, "parent_block_hash");
+			r |= pack_str(&pk, "token_ids", 9) | msgpack_pack_array(&pk, 0);
+			r |= pack_str(&pk, "block_size", 10) | msgpack_pack_uint32(&pk, e->block_size);
+			r |= pack_nil_field(&pk, "lora_id");
+			r |= pack_nil_field(&pk, "lora_name");
+		}
+		r |= pack_str(&pk, "medium", 6) | pack_str(&pk, e->medium, strlen(e->medium));
+	}
+	if (r) {
+		msgpack_sbuffer_destroy(&sb);
+		return r < 0 && r != -1 ? r : -ENOMEM;
+	}
+	*ret_buf = sb.data;
+	*ret_len = sb.size;
+	return 0;
+}

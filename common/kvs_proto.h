@@ -243,4 +243,24 @@ static inline kvs_str kvs_str_c(const char *s)
 	return r;
 }
 
+/* ---- KV events for cache-aware routers (vLLM's format) -------------------
+ * vLLM's KVEventBatch (vllm/distributed/kv_events.py): a msgpack array
+ * [ts, events], each event a map tagged by "type": BlockStored {block_hashes,
+ * parent_block_hash, token_ids, block_size, lora_id, lora_name, medium},
+ * BlockRemoved {block_hashes, medium}, AllBlocksCleared {}. Block hashes are
+ * kvside chunk keys (32-byte binaries). */
+enum kvs_kvevent_kind { KVS_KVEV_STORED = 1, KVS_KVEV_REMOVED, KVS_KVEV_CLEARED };
+
+typedef struct kvs_kvevent {
+	int kind;             /* enum kvs_kvevent_kind */
+	const char *medium;   /* stored/removed: "CPU" (L1), "STORAGE" (L2) */
+	uint32_t block_size;  /* stored: tokens per chunk */
+	const uint8_t *keys;  /* n_keys chunk keys of 32 bytes */
+	uint32_t n_keys;
+} kvs_kvevent;
+
+/* Encodes one batch; *ret_buf is malloc'd (the caller frees). 0, -EINVAL (an
+ * unknown kind) or -ENOMEM. */
+int kvs_kvevents_encode(const kvs_kvevent *evs, uint32_t n, double ts, void **ret_buf, size_t *ret_len);
+
 #endif

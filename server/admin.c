@@ -6,6 +6,7 @@
 #include <stdlib.h>
 
 #define KVS_LOG_COMPONENT "admin"
+#include "events.h"
 #include "jobs.h"
 #include "kvs_l1.h"
 #include "kvs_l2.h"
@@ -65,6 +66,7 @@ static int do_clear(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
 			return kvs__fail(srv, KVS_E_INTERNAL, "L1 cleared; clearing L2 failed: %s",
 					 kvs_strerror(r));
 	}
+	kvs_events_cleared(srv->events);
 	kvs_msg rep = {.cleared_l1 = before.objects - after.objects, .cleared_l2 = l2.objects,
 		       .kept_l1 = after.objects};
 	kvs_info("clear: %llu L1 objects dropped (%llu kept: pinned), %llu L2 objects dropped",

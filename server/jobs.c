@@ -18,6 +18,7 @@
 
 #define KVS_LOG_COMPONENT "jobs"
 #include "copy_host.h"
+#include "events.h"
 #if KVS_HAVE_CUDA
 #include "copy_cuda.h"
 #endif
@@ -337,6 +338,16 @@ static bool publish(kvs_server *srv, kvs_l1_obj *o)
 	return true;
 }
 
+/* Tokens of the chunk an object belongs to (its group's geometry). */
+static uint32_t chunk_tokens(const kvs_reg *reg, kvs_l1_obj *o)
+{
+	uint32_t gid = kvs_l1_key(o)->group;
+	for (uint32_t g = 0; reg && g < reg->n_groups; g++)
+		if (reg->groups[g].desc.id == gid)
+			return reg->groups[g].desc.tokens_per_block * reg->groups[g].desc.blocks_per_chunk;
+	return 0;
+}
+
 static void part_release(kvs_server *srv, kvs_part *p, bool commit)
 {
 	kvs_jobs *J = srv->jobs;
@@ -346,6 +357,8 @@ static void part_release(kvs_server *srv, kvs_part *p, bool commit)
 				kvs_l1_abort(srv->l1, p->objs[i]); /* someone committed it first */
 			} else if (commit) {
 				kvs_l1_commit(srv->l1, p->objs[i]);
+				kvs_events_stored(srv->events, kvs_l1_key(p->objs[i]), chunk_tokens(p->reg, p->objs[i]),
+						  KVS_TIER_EV_L1);
 				if (srv->l2) {
 					/* written behind; pinned until the writer has copied it */
 					kvs_l1_obj *o = p->objs[i];
@@ -1122,10 +1135,15 @@ static void l2_completions(kvs_server *srv)
 	uint32_t n;
 	while (srv->l2 && (n = kvs_l2_reap(srv->l2, d, 256)) > 0) {
 		for (uint32_t i = 0; i < n; i++) {
-			if (d[i].op == KVS_L2_WRITE)
+			if (d[i].op == KVS_L2_EVICTED) {
+				kvs_events_removed(srv->events, &d[i].key, KVS_TIER_EV_L2);
+			} else if (d[i].op == KVS_L2_WRITE) {
+				if (d[i].result == 0)
+					kvs_events_stored(srv->events, &d[i].key, 0, KVS_TIER_EV_L2);
 				kvs_l1_unpin(srv->l1, d[i].cookie); /* written (or dropped) */
-			else
+			} else {
 				promo_done(srv, d[i].cookie, d[i].result);
+			}
 		}
 	}
 }

@@ -19,6 +19,7 @@
 #include "kvs_log.h"
 #include "kvs_time.h"
 #include "server.h"
+#include "events.h"
 #include "admin.h"
 #include "metrics.h"
 #include "ops.h"
@@ -46,6 +47,7 @@ void kvs_server_config_defaults(kvs_server_config *cfg)
 	cfg->l2_sync = 0; /* KVS_L2_SYNC_FULL */
 	snprintf(cfg->metrics_listen, sizeof(cfg->metrics_listen), "127.0.0.1:9464");
 	cfg->metrics_stall_ms = 2000;
+	cfg->kv_events_buffer = 10000;
 	cfg->cuda_staging = 32ull << 20;
 	cfg->cuda_stage_min = 512ull << 10;
 }
@@ -325,6 +327,16 @@ int kvs_server_create(const kvs_server_config *cfg, kvs_server **ret)
 	kvs_info("listening on %s, broker %s, ttl %llu ms, L1 %llu MiB", srv->endpoint,
 		 srv->broker_path, (unsigned long long)cfg->ttl_ms,
 		 (unsigned long long)(cfg->l1_size >> 20));
+	if (cfg->kv_events[0]) {
+		char why[300];
+		if ((r = kvs_events_open(srv->zctx, cfg->kv_events, cfg->kv_events_replay, cfg->kv_events_topic,
+					 cfg->kv_events_buffer, &srv->events, why, sizeof(why))) < 0) {
+			kvs_err("%s", why);
+			goto err_router;
+		}
+		kvs_info("KV events on %s%s%s", cfg->kv_events, cfg->kv_events_replay[0] ? ", replay on " : "",
+			 cfg->kv_events_replay);
+	}
 	kvs__metrics_init(srv); /* never fails start-up: see metrics.h */
 	*ret = srv;
 	return 0;
@@ -368,6 +380,7 @@ void kvs_server_destroy(kvs_server *srv)
 			unlink(srv->endpoint + 6);
 		zmq_close(srv->router);
 	}
+	kvs_events_close(srv->events);
 	if (srv->zctx)
 		zmq_ctx_term(srv->zctx);
 	close(srv->efd);
@@ -383,6 +396,7 @@ static void tick(kvs_server *srv)
 	kvs__ops_tick(srv);
 	kvs__admin_tick(srv);
 	kvs__metrics_tick(srv); /* publish counters + sign of life for /healthz */
+	kvs_events_flush(srv->events); /* one KV-event batch per tick */
 }
 
 /* CPU time of the calling thread: what the loop itself spends, not the time
@@ -397,13 +411,16 @@ static uint64_t thread_cpu_ns(void)
 int kvs_server_run(kvs_server *srv, int sigfd)
 {
 	uint64_t next_tick = 0;
-	zmq_pollitem_t items[4 + KVS_MAX_BROKER_CONNS];
+	zmq_pollitem_t items[5 + KVS_MAX_BROKER_CONNS];
 	while (!srv->stopping) {
 		int n = 0;
 		items[n++] = (zmq_pollitem_t){.socket = srv->router, .events = ZMQ_POLLIN};
 		items[n++] = (zmq_pollitem_t){.fd = srv->broker_fd, .events = ZMQ_POLLIN};
 		items[n++] = (zmq_pollitem_t){.fd = srv->efd, .events = ZMQ_POLLIN};
 		items[n++] = (zmq_pollitem_t){.fd = sigfd, .events = ZMQ_POLLIN};
+		void *replay = kvs_events_replay_socket(srv->events);
+		if (replay)
+			items[n++] = (zmq_pollitem_t){.socket = replay, .events = ZMQ_POLLIN};
 		int nfix = n;
 		for (int i = 0; i < srv->n_conns; i++)
 			items[n++] = (zmq_pollitem_t){.fd = srv->conns[i].fd, .events = ZMQ_POLLIN};
@@ -438,6 +455,8 @@ int kvs_server_run(kvs_server *srv, int sigfd)
 					kvs__broker_conn_ready(srv, i - nfix);
 			if (items[1].revents & ZMQ_POLLIN)
 				kvs__broker_accept(srv);
+			if (replay && (items[4].revents & ZMQ_POLLIN))
+				kvs_events_replay(srv->events);
 		}
 		if (srv->now_ms >= next_tick) {
 			tick(srv);

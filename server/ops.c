@@ -9,6 +9,7 @@
 #include <sys/mman.h>
 
 #define KVS_LOG_COMPONENT "ops"
+#include "events.h"
 #include "copy_host.h"
 #if KVS_HAVE_CUDA
 #include "copy_cuda.h"
@@ -39,10 +40,17 @@ static void *prefault_main(void *arg)
 	return NULL;
 }
 
+/* L1 made room by dropping a chunk: KV-event subscribers learn it. */
+static void l1_evicted(const kvs_objkey *key, void *arg)
+{
+	kvs_server *srv = arg;
+	kvs_events_removed(srv->events, key, KVS_TIER_EV_L1);
+}
+
 int kvs__ops_init(kvs_server *srv)
 {
 	int r;
-	kvs_l1_config l1c = {.size = srv->cfg.l1_size};
+	kvs_l1_config l1c = {.size = srv->cfg.l1_size, .on_evict = l1_evicted, .evict_arg = srv};
 	if ((r = kvs_l1_create(&l1c, &srv->l1)) < 0) {
 		kvs_err("cannot create the L1 arena of %llu bytes: %s", (unsigned long long)l1c.size,
 			kvs_strerror(r));
@@ -74,6 +82,7 @@ int kvs__ops_init(kvs_server *srv)
 		l2c.size = srv->cfg.l2_size;
 		l2c.sync = srv->cfg.l2_sync;
 		l2c.efd = srv->efd;
+		l2c.report_evictions = srv->cfg.kv_events[0] != 0; /* for KV-event subscribers */
 		if ((r = kvs_l2_open(&l2c, &srv->l2)) < 0)
 			goto err_pool;
 	}

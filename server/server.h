@@ -34,6 +34,10 @@ typedef struct kvs_server_config {
 	uint32_t copy_threads;  /* host copy pool */
 	int log_level;
 	int log_format;         /* enum kvs_log_format */
+	char kv_events[256];        /* ZeroMQ PUB endpoint of KV events; "" = off */
+	char kv_events_replay[256]; /* ROUTER endpoint replaying recent batches; "" = none */
+	char kv_events_topic[128];
+	uint32_t kv_events_buffer;  /* batches kept for replay */
 	long allow_uid;         /* extra UID allowed on the broker, -1 = none */
 	char l2_path[256];      /* LMDB environment directory; "" = no L2 tier */
 	uint64_t l2_size;       /* LMDB map size */
@@ -113,6 +117,7 @@ struct kvs_server {
 	kvs_server_config cfg;
 	uint8_t epoch[KVS_EPOCH_BYTES];
 	void *zctx, *router;
+	struct kvs_events *events; /* KV-event publisher (events.h), NULL = off */
 	char endpoint[600];
 	int broker_fd;
 	int spare_fd;        /* reserve fd for EMFILE on accept */

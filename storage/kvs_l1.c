@@ -144,6 +144,8 @@ struct kvs_l1 {
 	uint64_t bytes_used, bytes_reserved, objects, objects_reserved, pages_used;
 	uint64_t evictions, evicted_bytes, nospace;
 	uint64_t peak_objects, peak_chunks; /* for the index size estimate */
+	void (*on_evict)(const kvs_objkey *key, void *arg);
+	void *evict_arg;
 };
 
 static inline kvs_l1_obj *rec(const kvs_l1 *l1, ref r)
@@ -487,6 +489,8 @@ static void chunk_drop(kvs_l1 *l1, kvs_l1_obj *h, bool evicted)
 {
 	ref hr = ref_of(l1, h);
 	assert(h->head && h->u.o.nbusy == 0);
+	if (evicted && l1->on_evict)
+		l1->on_evict(&h->key, l1->evict_arg);
 	list_remove(l1, &l1->lru, hr);
 	l1->evictable_pages -= h->u.o.cpages;
 	kvs_htab_del(l1->chunks, &h->key);
@@ -519,6 +523,8 @@ int kvs_l1_create(const kvs_l1_config *cfg, kvs_l1 **ret)
 		return -ENOMEM;
 	l1->npages = (uint32_t)np;
 	l1->size = np << PAGE_SHIFT;
+	l1->on_evict = cfg->on_evict;
+	l1->evict_arg = cfg->evict_arg;
 	l1->arena = mmap(NULL, l1->size, PROT_READ | PROT_WRITE,
 			 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
 	if (l1->arena == MAP_FAILED) {

@@ -32,6 +32,11 @@ _Static_assert(sizeof(kvs_objkey) == 64, "kvs_objkey must be 64 bytes");
 
 typedef struct kvs_l1_config {
 	uint64_t size; /* arena bytes; rounded down to a multiple of KVS_L1_PAGE */
+	/* Called once per chunk evicted to make room (not for kvs_l1_clear),
+	 * with the key of one of its objects, before its objects are forgotten;
+	 * must not call back into this L1. May be NULL. */
+	void (*on_evict)(const kvs_objkey *key, void *arg);
+	void *evict_arg;
 } kvs_l1_config;
 
 typedef struct kvs_l1 kvs_l1;

@@ -79,6 +79,8 @@ struct kvs_l2 {
 	pthread_t writer, reader;
 	bool writer_started, reader_started;
 	uint64_t clock; /* writer-owned logical time */
+	kvs_objkey *evicted; /* writer-owned: keys evicted by the transaction in progress */
+	uint32_t n_evicted, cap_evicted;
 	kvs_l2_stats st; /* guarded by mu */
 };
 
@@ -230,6 +232,16 @@ static int evict_to(kvs_l2 *l2, MDB_txn *txn, uint64_t *bytes, uint64_t *objects
 				(*objects)--;
 			mdb_del(txn, l2->obj, &ok, NULL);
 			n++;
+			if (l2->cfg.report_evictions && l2->n_evicted == l2->cap_evicted) {
+				uint32_t cap = l2->cap_evicted ? 2 * l2->cap_evicted : 256;
+				kvs_objkey *nk = realloc(l2->evicted, cap * sizeof(*nk));
+				if (nk) {
+					l2->evicted = nk;
+					l2->cap_evicted = cap;
+				}
+			}
+			if (l2->cfg.report_evictions && l2->n_evicted < l2->cap_evicted)
+				l2->evicted[l2->n_evicted++] = key; /* reported once committed */
 		}
 		mdb_del(txn, l2->atime, &ok, NULL);
 	}
@@ -246,6 +258,7 @@ static int write_batch(kvs_l2 *l2, l2_item *batch, uint32_t nb, const kvs_objkey
 		       uint32_t nt, const kvs_objkey *drops, uint32_t nd, uint64_t evict_target)
 {
 	MDB_txn *txn;
+	l2->n_evicted = 0;
 	int rc = mdb_txn_begin(l2->env, NULL, 0, &txn);
 	if (rc)
 		return rc;
@@ -356,7 +369,19 @@ static int write_batch(kvs_l2 *l2, l2_item *batch, uint32_t nb, const kvs_objkey
 	l2->st.bytes = bytes;
 	l2->st.objects = objects;
 	l2->st.evictions += evicted;
+	/* report the evictions now that they are durable */
+	for (uint32_t i = 0; i < l2->n_evicted; i++) {
+		l2_item *it = calloc(1, sizeof(*it));
+		if (!it)
+			break;
+		it->op = KVS_L2_EVICTED;
+		it->key = l2->evicted[i];
+		list_push(&l2->done, it);
+	}
 	pthread_mutex_unlock(&l2->mu);
+	if (l2->n_evicted)
+		signal_owner(l2);
+	l2->n_evicted = 0;
 	return 0;
 abort:
 	mdb_txn_abort(txn);
@@ -683,6 +708,7 @@ void kvs_l2_close(kvs_l2 *l2)
 		free(it);
 	mdb_env_close(l2->env);
 	free(l2->touches);
+	free(l2->evicted);
 	free(l2->drops);
 	pthread_cond_destroy(&l2->wcv);
 	pthread_cond_destroy(&l2->rcv);
@@ -803,7 +829,7 @@ uint32_t kvs_l2_reap(kvs_l2 *l2, kvs_l2_done *out, uint32_t cap)
 	pthread_mutex_lock(&l2->mu);
 	while (n < cap && l2->done.head) {
 		l2_item *it = list_pop(&l2->done);
-		out[n++] = (kvs_l2_done){.op = it->op, .result = it->result, .cookie = it->cookie};
+		out[n++] = (kvs_l2_done){.op = it->op, .key = it->key, .result = it->result, .cookie = it->cookie};
 		free(it);
 	}
 	pthread_mutex_unlock(&l2->mu);

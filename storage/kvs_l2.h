@@ -46,6 +46,7 @@ typedef struct kvs_l2_config {
 	uint64_t batch_bytes;    /* bytes per group commit */
 	uint32_t batch_ms;       /* longest wait to fill a batch */
 	int efd;                 /* eventfd written when completions are ready */
+	bool report_evictions;   /* completions of op KVS_L2_EVICTED for every eviction */
 } kvs_l2_config;
 
 void kvs_l2_config_defaults(kvs_l2_config *cfg);
@@ -67,10 +68,13 @@ void kvs_l2_close(kvs_l2 *l2);
  * (counted; the caller treats it as a miss). */
 int kvs_l2_contains(kvs_l2 *l2, const kvs_objkey *key, uint64_t geom, uint64_t *ret_len);
 
-enum kvs_l2_op { KVS_L2_WRITE = 1, KVS_L2_READ = 2, KVS_L2_META = 3 };
+/* KVS_L2_EVICTED: not a request's completion but a report: the writer
+ * deleted the object `key` (least recently used) in a committed transaction. */
+enum kvs_l2_op { KVS_L2_WRITE = 1, KVS_L2_READ = 2, KVS_L2_META = 3, KVS_L2_EVICTED = 4 };
 
 typedef struct kvs_l2_done {
 	int op;       /* enum kvs_l2_op */
+	kvs_objkey key; /* write, read, evicted: the object */
 	int result;   /* 0; write: KVS_E_NOSPACE (dropped from the queue, or its group commit failed); read: KVS_E_MISS (absent, checksum or header mismatch: the object was dropped) */
 	void *cookie; /* as given */
 } kvs_l2_done;

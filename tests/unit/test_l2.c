@@ -791,6 +791,50 @@ START_TEST(eviction_serial)
 }
 END_TEST
 
+/* With report_evictions, every eviction is reported once as a completion of
+ * op KVS_L2_EVICTED naming the object, after its transaction committed. */
+START_TEST(eviction_reports)
+{
+	fx f;
+	fx_init(&f, SMALL_MAP);
+	f.cfg.report_evictions = true;
+	fx_open(&f);
+	enum { N = 96 };
+	uint8_t *buf = malloc((size_t)N * OBJ);
+	ck_assert_ptr_nonnull(buf);
+	for (uint32_t i = 0; i < N; i++) {
+		fill(buf + (size_t)i * OBJ, OBJ, 20000 + i);
+		kvs_objkey k = mkkey(i, 0x45);
+		ck_assert_int_eq(kvs_l2_write(f.l2, &k, GEOM, buf + (size_t)i * OBJ, OBJ, (void *)(uintptr_t)(i + 1)),
+				 0);
+	}
+	kvs_l2_done d[2 * N];
+	uint32_t writes = 0, evicted = 0, got = 0;
+	int64_t deadline = now_ms() + WAIT_MS;
+	while (writes < N && now_ms() < deadline) {
+		uint32_t n = kvs_l2_reap(f.l2, d + got, 2 * N - got);
+		for (uint32_t i = got; i < got + n; i++) {
+			if (d[i].op == KVS_L2_WRITE) {
+				writes++;
+			} else {
+				ck_assert_int_eq(d[i].op, KVS_L2_EVICTED);
+				ck_assert_uint_eq(d[i].key.ns[0], 0x45);
+				evicted++;
+			}
+		}
+		got += n;
+		if (!n)
+			usleep(1000);
+	}
+	ck_assert_uint_eq(writes, N);
+	kvs_l2_stats st = stats(&f);
+	ck_assert_uint_gt(st.evictions, 0);
+	ck_assert_uint_eq(evicted, st.evictions);
+	free(buf);
+	fx_done(&f);
+}
+END_TEST
+
 START_TEST(eviction_burst)
 {
 	/* all writes queued at once: the writer must still commit every one */
@@ -1249,6 +1293,7 @@ static Suite *l2_suite(void)
 	tcase_add_test(tc, checksum_field_corruption);
 	tcase_add_test(tc, eviction_serial);
 	tcase_add_test(tc, eviction_burst);
+	tcase_add_test(tc, eviction_reports);
 	tcase_add_test(tc, eviction_lru_touch);
 	tcase_add_test(tc, eviction_large_objects);
 	tcase_add_test(tc, queue_drops_oldest);

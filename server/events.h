@@ -1,0 +1,52 @@
+/* KV events for cache-aware routers (vLLM's router, llm-d, Dynamo): what
+ * kvside holds, published on a ZeroMQ PUB socket in vLLM's KV-event wire
+ * format, with a ROUTER socket replaying recent batches to a subscriber that
+ * missed some (protocol.md §17). Owned by the main loop; nothing here is
+ * thread-safe. Every function accepts a NULL kvs_events (events off).
+ *
+ * Events accumulate between ticks and leave as one batch per tick:
+ * multipart (topic, 8-byte big-endian sequence number, msgpack
+ * KVEventBatch). The last `keep` batches are kept for replay: a request
+ * (empty delimiter, 8-byte big-endian start sequence) is answered with every
+ * kept batch from that sequence, each (delimiter, topic, seq, payload), then
+ * (delimiter, "", seq -1, ""). */
+#ifndef KVS_EVENTS_H
+#define KVS_EVENTS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvs_l1.h"
+
+typedef struct kvs_events kvs_events;
+
+enum kvs_event_tier { KVS_TIER_EV_L1, KVS_TIER_EV_L2 };
+
+/* Binds pub (and replay, unless NULL or "") on zctx. 0 and *ret, or -errno
+ * with the reason in err. */
+int kvs_events_open(void *zctx, const char *pub, const char *replay, const char *topic, uint32_t keep,
+		    kvs_events **ret, char *err, size_t errlen);
+void kvs_events_close(kvs_events *e);
+
+/* An object's chunk became present in a tier / left it; block_size: the
+ * chunk's tokens (0: as last seen for the object's namespace and world).
+ * Repeats within one batch (every rank and group of a chunk) are published
+ * once. */
+void kvs_events_stored(kvs_events *e, const kvs_objkey *key, uint32_t block_size, int tier);
+void kvs_events_removed(kvs_events *e, const kvs_objkey *key, int tier);
+/* Every tier was cleared (admin clear). */
+void kvs_events_cleared(kvs_events *e);
+
+/* Publishes what accumulated as one batch (call once per tick). */
+void kvs_events_flush(kvs_events *e);
+/* The replay socket for the loop's poll set, or NULL. */
+void *kvs_events_replay_socket(kvs_events *e);
+/* Answers the replay requests waiting on the replay socket. */
+void kvs_events_replay(kvs_events *e);
+
+typedef struct kvs_events_stats {
+	uint64_t batches, events, replays;
+} kvs_events_stats;
+void kvs_events_get_stats(const kvs_events *e, kvs_events_stats *st);
+
+#endif
