@@ -26,7 +26,7 @@ build() { # dir args...
   ninja -C "$d" >/dev/null || { ninja -C "$d"; return 1; }
 }
 if build build; then
-  run_suite build "normal build" --suite unit --suite integration --suite bench-smoke --suite e2e --suite vllm --suite sglang --suite wheel
+  run_suite build "normal build" --suite unit --suite integration --suite bench-smoke --suite e2e --suite vllm --suite sglang --suite wheel --suite ops
   run_suite build "server under valgrind" --setup valgrind spine jobs hybrid ops python_binding
 else failed=$((failed + 1)); fi
 if build build-asan -Db_sanitize=address,undefined -Db_lundef=false; then

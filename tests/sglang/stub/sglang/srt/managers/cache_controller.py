@@ -12,8 +12,11 @@ called, in SGLang's order.
 - the prefetch thread body (_storage_hit_query: batch_exists over batches of
   STORAGE_BATCH_SIZE page hashes, stopping at the first short batch; then an
   all_reduce MIN of the hit tokens over the TP group), the I/O thread body
-  (_page_transfer: batch_get_v1 per batch, counting the leading successes,
-  one PrefetchAck per batch reduced with MIN over the TP group) and the backup
+  (_page_transfer: per batch _page_transfer_kv_batch, i.e. batch_get_v1
+  counting the leading successes and, for a hybrid operation's KV-derived
+  pools (indices_from_pool == KV), batch_get_v2 of the same pages, the minimum
+  of the hits; one PrefetchAck per batch reduced with MIN over the TP group)
+  and the backup
   thread body (_page_backup: batch_set_v1 per batch, stopping at the first
   failed batch; skipped when backup_skip).
 
@@ -32,6 +35,9 @@ from sglang.srt.mem_cache.hicache_storage import (
     STORAGE_BATCH_SIZE,
     HiCacheStorageConfig,
     HiCacheStorageExtraInfo,
+    PoolName,
+    PoolTransfer,
+    count_pool_hits,
 )
 
 logger = logging.getLogger(__name__)
@@ -47,6 +53,7 @@ class StorageOperation:
         self.completed_tokens = 0
         self.hash_value = hash_value if hash_value is not None else []
         self.prefix_keys = prefix_keys
+        self.all_hash_values = None
         self.id = StorageOperation.counter
         StorageOperation.counter += 1
 
@@ -131,6 +138,7 @@ class HiCacheController:
         storage_query_count = 0
         hash_value = []
         page_hashes = self.get_hash_str(tokens_to_fetch, last_hash, page_size=self.page_size)
+        operation.all_hash_values = page_hashes
         for start in range(0, len(page_hashes), STORAGE_BATCH_SIZE):
             batch_hashes = page_hashes[start:start + STORAGE_BATCH_SIZE]
             extra_info = HiCacheStorageExtraInfo(prefix_keys=prefix_keys, extra_info=None)
@@ -172,6 +180,11 @@ class HiCacheController:
         """prefetch_io_aux_func's body: returns the acked (MIN-reduced)
         completed tokens after each batch, as SGLang's sync thread sees them."""
         prefix_keys = operation.prefix_keys
+        kv_derived_transfers = [
+            transfer
+            for transfer in getattr(operation, "pool_transfers", None) or []
+            if transfer.indices_from_pool == PoolName.KV
+        ]
         all_success = True
         completed_pages = 0
         acks = []
@@ -183,7 +196,8 @@ class HiCacheController:
                 batch_host_indices = operation.host_indices[
                     i * self.page_size:(i + len(batch_hashes)) * self.page_size]
                 extra_info = HiCacheStorageExtraInfo(prefix_keys=prefix_keys, extra_info=None)
-                hit_pages = self.page_get_func(operation, batch_hashes, batch_host_indices, extra_info)
+                hit_pages = self._page_transfer_kv_batch(operation, batch_hashes, batch_host_indices, extra_info,
+                                                         kv_derived_transfers)
                 if hit_pages != len(batch_hashes):
                     all_success = False
                 if prefix_keys and len(prefix_keys) > 0:
@@ -193,6 +207,21 @@ class HiCacheController:
             acks.append(self._all_reduce_min(completed_pages * self.page_size))
         operation.completed_tokens = acks[-1] if acks else 0
         return completed_pages
+
+    def _page_transfer_kv_batch(self, operation, batch_hashes, batch_host_indices, extra_info,
+                                kv_derived_transfers):
+        """Read a single batch from KV and KV-derived pools (e.g. indexer pool):
+        the minimum of their hits."""
+        kv_hits = self.page_get_func(operation, batch_hashes, batch_host_indices, extra_info)
+        sidecar_hits = {}
+        if len(kv_derived_transfers) > 0:
+            current_kv_derived_transfers = [
+                PoolTransfer(name=transfer.name, host_indices=batch_host_indices, keys=batch_hashes)
+                for transfer in kv_derived_transfers
+            ]
+            sidecar_results = self.storage_backend.batch_get_v2(current_kv_derived_transfers)
+            sidecar_hits = count_pool_hits(sidecar_results)
+        return min([kv_hits, *sidecar_hits.values()])
 
     # ---- backup (backup_thread_func) ----
 

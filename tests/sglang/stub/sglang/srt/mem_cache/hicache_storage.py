@@ -4,12 +4,17 @@ API is listed in tests/sglang/sglang_api.txt).
 
 Same class names, fields, method names, parameter names, abstract methods and
 default behaviour: HiCacheStorageConfig, HiCacheStorageExtraInfo,
-STORAGE_BATCH_SIZE, PoolName / PoolHitPolicy / PoolTransfer /
-PoolTransferResult (the hybrid v2 interface), and HiCacheStorage with its five
+STORAGE_BATCH_SIZE, the hybrid v2 interface's types (PoolName with every
+member, PoolHitPolicy, PoolTransfer, SidecarPoolSpec, PoolTransferResult with
+empty / update_kv_hit_pages / update_extra_pool_hit_pages, count_pool_hits),
+and HiCacheStorage with its five
 abstract methods (get, batch_get, set, batch_set, exists), the v1 zero-copy
 calls (which raise NotImplementedError unless overridden, as at that commit),
-the v2 calls, batch_exists built on exists, clear and get_stats. The file
-backend (HiCacheFile) and MetadataCache are left out.
+the v2 calls (register_mem_host_pool_v2 records the pool in registered_pools;
+batch_exists_v2 / batch_get_v2 / batch_set_v2 raise NotImplementedError),
+batch_exists built on exists, clear and get_stats. PrefetchTimeoutConfig, the
+file backend (HiCacheFile) and MetadataCache are left out; the tensor type
+hints are Any (the stand-in imports no torch here).
 """
 
 from __future__ import annotations
@@ -52,23 +57,48 @@ class HiCacheStorageExtraInfo:
 
 
 class PoolName(str, Enum):
+    """Well-known pool names used as PoolTransfer/PoolEntry identifiers."""
+
     KV = "kv"
     MAMBA = "mamba"
     SWA = "swa"
     INDEXER = "indexer"
+    DEEPSEEK_V4_C4 = "deepseek_v4_c4"
+    DEEPSEEK_V4_C4_INDEXER = "deepseek_v4_c4_indexer"
+    DEEPSEEK_V4_C128 = "deepseek_v4_c128"
+    DEEPSEEK_V4_C4_STATE = "deepseek_v4_c4_state"
+    DEEPSEEK_V4_C4_INDEXER_STATE = "deepseek_v4_c4_indexer_state"
+    DEEPSEEK_V4_C128_STATE = "deepseek_v4_c128_state"
+
+    # Draft KV pool
     DRAFT = "draft"
+    DRAFT_INDEXER = "draft_indexer"
+    DRAFT_SWA = "draft_swa"
 
     def __str__(self) -> str:
         return self.value
 
 
 class PoolHitPolicy(str, Enum):
+    """Hit policy for batch_exists_v2 per-pool prefix matching.
+
+    ALL_PAGES      : every page in [0, kv_hit) must exist (e.g. DSA).
+    TRAILING_PAGES : only the last N pages must exist (e.g. Mamba/SWA states).
+    """
+
     ALL_PAGES = "all_pages"
     TRAILING_PAGES = "trailing_pages"
 
 
 @dataclass
 class PoolTransfer:
+    """Unified per-pool transfer descriptor for batch v2 interface.
+
+    device<->host path : host_indices + device_indices
+    host<->storage path: host_indices + keys
+    nodes_to_load      : evicted nodes this transfer covers
+    """
+
     name: PoolName
     host_indices: Optional[Any] = None
     device_indices: Optional[Any] = None
@@ -78,10 +108,40 @@ class PoolTransfer:
     indices_from_pool: Optional[PoolName] = None
 
 
+@dataclass(frozen=True)
+class SidecarPoolSpec:
+    """Pool whose transfer indices are reused from one real source pool."""
+
+    pool_name: PoolName
+    indices_from_pool: PoolName
+    hit_policy: PoolHitPolicy = PoolHitPolicy.ALL_PAGES
+
+
 @dataclass
 class PoolTransferResult:
+    """Tracks how many pages were successfully processed per pool."""
+
     kv_hit_pages: int
     extra_pool_hit_pages: dict
+
+    @classmethod
+    def empty(cls) -> "PoolTransferResult":
+        return cls(0, {})
+
+    def update_kv_hit_pages(self, kv_hit_pages: int) -> None:
+        """Accumulate kv_hit_pages across batches (max = last successful batch)."""
+        self.kv_hit_pages = max(self.kv_hit_pages, kv_hit_pages)
+
+    def update_extra_pool_hit_pages(self, results: dict) -> None:
+        """Record actual load/write success counts per extra pool."""
+        self.extra_pool_hit_pages.update(results)
+
+
+def count_pool_hits(results: dict) -> dict:
+    return {
+        name: (rs.index(False) if False in rs else len(rs))
+        for name, rs in results.items()
+    }
 
 
 class HiCacheStorage(ABC):

@@ -1,0 +1,1 @@
+"""Mirrors python/sglang/srt/mem_cache/hybrid_cache/ (package)."""
