@@ -154,6 +154,7 @@ static const fdesc store_rq[] = {
 	SESSION, REQ("job", F_U64, job), KEYS, BLOCKS,
 	OPTX("producer_event", F_BINV, producer_event, .max = 64),
 	OPT("lazy", F_BOOL, lazy),
+	OPTX("event_hashes", F_KEYS, event_hashes, .off_n = M(n_event_hashes), .max = KVS_MAX_KEYS),
 };
 static const fdesc retrieve_rq[] = {
 	SESSION, REQ("job", F_U64, job), KEYS, BLOCKS,
@@ -1014,7 +1015,8 @@ static bool skip_opt(const fdesc *f, const char *base)
 	case F_I64: return *(const int64_t *)(const void *)src == f->def;
 	case F_BOOL: return !*(const bool *)src;
 	case F_BINV: return ((const kvs_bytes *)(const void *)src)->len == 0;
-	case F_U64S: return *(const uint32_t *)(const void *)(base + f->off_n) == 0;
+	case F_U64S:
+	case F_KEYS: return *(const uint32_t *)(const void *)(base + f->off_n) == 0;
 	default: return false;
 	}
 }

@@ -161,6 +161,8 @@ typedef struct kvs_msg {
 	uint64_t skip_tokens;
 	uint8_t status; /* enum kvs_status */
 	kvs_bytes producer_event;
+	const uint8_t *event_hashes; /* store: 0 or n_keys engine block hashes of 32 bytes */
+	uint32_t n_event_hashes;
 	const uint64_t *jobs;
 	uint32_t n_jobs;
 	uint8_t admin_cmd; /* admin "cmd": enum kvs_admin_cmd (echoed in the reply) */

@@ -9,6 +9,7 @@
 #include <time.h>
 #include <zmq.h>
 
+#include "kvs_htab.h"
 #include "kvs_proto.h"
 
 #define KVS_LOG_COMPONENT "events"
@@ -48,10 +49,48 @@ struct kvs_events {
 		uint32_t block_size;
 	} sizes[32];
 	uint32_t n_sizes;
+	bool with_l2;
+	kvs_htab *hashes; /* chunk key -> engine hash (struct alias), lazily */
 };
 
+/* The engine's name of a chunk. Invariant: in e->hashes iff the chunk was
+ * stored with an engine hash and has not left every tier since. */
+typedef struct alias {
+	uint8_t chunk[32]; /* table key */
+	uint8_t hash[32];
+	uint8_t tiers;     /* bit per tier (1 << KVS_TIER_EV_*) announced as holding it */
+} alias;
+
+static void forget_all(kvs_events *e)
+{
+	size_t pos = 0;
+	alias *a;
+	while (e->hashes && (a = kvs_htab_next(e->hashes, &pos)) != NULL) {
+		kvs_htab_iter_del(e->hashes, &pos);
+		free(a);
+	}
+}
+
+static void remember(kvs_events *e, const uint8_t chunk[32], const uint8_t hash[32])
+{
+	if (!e->hashes && kvs_htab_create(32, offsetof(alias, chunk), &e->hashes) < 0)
+		return;
+	alias *a = kvs_htab_get(e->hashes, chunk);
+	if (a) {
+		memcpy(a->hash, hash, 32);
+		return;
+	}
+	if (kvs_htab_count(e->hashes) >= KVS_EVENTS_MAX_HASHES || !(a = malloc(sizeof(*a))))
+		return;
+	memcpy(a->chunk, chunk, 32);
+	memcpy(a->hash, hash, 32);
+	a->tiers = 0;
+	if (kvs_htab_put(e->hashes, a) < 0)
+		free(a);
+}
+
 int kvs_events_open(void *zctx, const char *pub, const char *replay, const char *topic, uint32_t keep,
-		    kvs_events **ret, char *err, size_t errlen)
+		    bool with_l2, kvs_events **ret, char *err, size_t errlen)
 {
 	kvs_events *e = calloc(1, sizeof(*e));
 	if (!e || !(e->ring = calloc(keep ? keep : 1, sizeof(*e->ring)))) {
@@ -60,6 +99,7 @@ int kvs_events_open(void *zctx, const char *pub, const char *replay, const char 
 		return -ENOMEM;
 	}
 	e->keep = keep ? keep : 1;
+	e->with_l2 = with_l2;
 	snprintf(e->topic, sizeof(e->topic), "%s", topic ? topic : "");
 	int zero = 0;
 	e->pub = zmq_socket(zctx, ZMQ_PUB);
@@ -97,6 +137,8 @@ void kvs_events_close(kvs_events *e)
 	for (uint32_t i = 0; i < e->count; i++)
 		free(e->ring[(e->head + i) % e->keep].buf);
 	free(e->ring);
+	forget_all(e);
+	kvs_htab_destroy(e->hashes);
 	free(e);
 }
 
@@ -166,17 +208,45 @@ static uint32_t block_size_of(kvs_events *e, const kvs_objkey *key, uint32_t blo
 
 void kvs_events_stored(kvs_events *e, const kvs_objkey *key, uint32_t block_size, int tier)
 {
-	if (e)
-		add(e, KVS_KVEV_STORED, tier, block_size_of(e, key, block_size), key->chunk);
+	if (!e)
+		return;
+	alias *a = e->hashes ? kvs_htab_get(e->hashes, key->chunk) : NULL;
+	if (a)
+		a->tiers |= (uint8_t)(1u << tier);
+	add(e, KVS_KVEV_STORED, tier, block_size_of(e, key, block_size), a ? a->hash : key->chunk);
+}
+
+void kvs_events_stored_as(kvs_events *e, const kvs_objkey *key, uint32_t block_size, int tier,
+			  const uint8_t engine_hash[32])
+{
+	if (!e)
+		return;
+	if (engine_hash)
+		remember(e, key->chunk, engine_hash);
+	kvs_events_stored(e, key, block_size, tier);
 }
 
 void kvs_events_removed(kvs_events *e, const kvs_objkey *key, int tier)
 {
-	if (e)
-		add(e, KVS_KVEV_REMOVED, tier, 0, key->chunk);
+	if (!e)
+		return;
+	alias *a = e->hashes ? kvs_htab_get(e->hashes, key->chunk) : NULL;
+	add(e, KVS_KVEV_REMOVED, tier, 0, a ? a->hash : key->chunk);
+	if (!a)
+		return;
+	/* gone from every tier announced: its engine name is no longer needed */
+	a->tiers &= (uint8_t)~(1u << tier);
+	if (!a->tiers || !e->with_l2)
+		free(kvs_htab_del(e->hashes, key->chunk));
 }
 
-void kvs_events_cleared(kvs_events *e) { add(e, KVS_KVEV_CLEARED, 0, 0, NULL); }
+void kvs_events_cleared(kvs_events *e)
+{
+	if (!e)
+		return;
+	add(e, KVS_KVEV_CLEARED, 0, 0, NULL);
+	forget_all(e);
+}
 
 static int cmp32(const void *a, const void *b) { return memcmp(a, b, 32); }
 

@@ -13,6 +13,7 @@
 #ifndef KVS_EVENTS_H
 #define KVS_EVENTS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -23,9 +24,10 @@ typedef struct kvs_events kvs_events;
 enum kvs_event_tier { KVS_TIER_EV_L1, KVS_TIER_EV_L2 };
 
 /* Binds pub (and replay, unless NULL or "") on zctx. 0 and *ret, or -errno
- * with the reason in err. */
+ * with the reason in err. with_l2: a chunk evicted from L1 may still be in
+ * L2 (its engine hash is kept until L2 drops it). */
 int kvs_events_open(void *zctx, const char *pub, const char *replay, const char *topic, uint32_t keep,
-		    kvs_events **ret, char *err, size_t errlen);
+		    bool with_l2, kvs_events **ret, char *err, size_t errlen);
 void kvs_events_close(kvs_events *e);
 
 /* An object's chunk became present in a tier / left it; block_size: the
@@ -33,6 +35,13 @@ void kvs_events_close(kvs_events *e);
  * Repeats within one batch (every rank and group of a chunk) are published
  * once. */
 void kvs_events_stored(kvs_events *e, const kvs_objkey *key, uint32_t block_size, int tier);
+/* As kvs_events_stored, naming the chunk by the engine's own 32-byte block
+ * hash (a store's event_hashes, protocol.md §6.7): this and every later event
+ * of the chunk publish that hash instead of the chunk key, until the chunk
+ * has left every tier (at most KVS_EVENTS_MAX_HASHES chunks remembered). */
+void kvs_events_stored_as(kvs_events *e, const kvs_objkey *key, uint32_t block_size, int tier,
+			  const uint8_t engine_hash[32]);
+#define KVS_EVENTS_MAX_HASHES (1u << 22)
 void kvs_events_removed(kvs_events *e, const kvs_objkey *key, int tier);
 /* Every tier was cleared (admin clear). */
 void kvs_events_cleared(kvs_events *e);

@@ -50,6 +50,7 @@ typedef struct kvs_part {
 	int copy_err;
 	kvs_l1_obj **objs;
 	uint64_t *geoms; /* store: L2 geometry fingerprint per object */
+	uint8_t *evh;    /* store: engine block hash per object (event_hashes), or NULL */
 	uint32_t n_objs;
 	uint64_t retained;
 	uint64_t reply_id; /* retrieve: deferred reply, 0 = none or sent */
@@ -357,8 +358,9 @@ static void part_release(kvs_server *srv, kvs_part *p, bool commit)
 				kvs_l1_abort(srv->l1, p->objs[i]); /* someone committed it first */
 			} else if (commit) {
 				kvs_l1_commit(srv->l1, p->objs[i]);
-				kvs_events_stored(srv->events, kvs_l1_key(p->objs[i]), chunk_tokens(p->reg, p->objs[i]),
-						  KVS_TIER_EV_L1);
+				kvs_events_stored_as(srv->events, kvs_l1_key(p->objs[i]),
+						     chunk_tokens(p->reg, p->objs[i]), KVS_TIER_EV_L1,
+						     p->evh ? p->evh + (size_t)i * KVS_KEY_BYTES : NULL);
 				if (srv->l2) {
 					/* written behind; pinned until the writer has copied it */
 					kvs_l1_obj *o = p->objs[i];
@@ -376,8 +378,10 @@ static void part_release(kvs_server *srv, kvs_part *p, bool commit)
 	}
 	free(p->objs);
 	free(p->geoms);
+	free(p->evh);
 	p->objs = NULL;
 	p->geoms = NULL;
+	p->evh = NULL;
 	p->n_objs = 0;
 	J->retained -= p->retained;
 	p->retained = 0;
@@ -486,6 +490,7 @@ static void reply_state(kvs_server *srv, kvs_session *s, const kvs_msg *rq, uint
 typedef struct plan {
 	kvs_l1_obj **objs;
 	uint64_t *geoms;
+	uint8_t *evh; /* store with event_hashes: the engine hash of each object's chunk */
 	uint32_t n_objs;
 	kvs_copy_task **tasks;
 	uint32_t n_tasks;
@@ -506,6 +511,7 @@ static void plan_undo(kvs_server *srv, plan *pl, kvs_op kind)
 	}
 	free(pl->objs);
 	free(pl->geoms);
+	free(pl->evh);
 	free(pl->tasks);
 }
 
@@ -556,6 +562,11 @@ static int plan_store(kvs_server *srv, kvs_session *s, const kvs_reg *g, const k
 	pl->geoms = calloc(max ? max : 1, sizeof(*pl->geoms));
 	pl->tasks = calloc(max ? max : 1, sizeof(*pl->tasks));
 	if (!pl->objs || !pl->geoms || !pl->tasks)
+		return kvs__fail(srv, KVS_E_INTERNAL, "out of memory");
+	if (rq->n_event_hashes && rq->n_event_hashes != rq->n_keys)
+		return kvs__fail(srv, KVS_E_GEOMETRY, "event_hashes: %u hashes for %u keys (one per key, or none)",
+				 rq->n_event_hashes, rq->n_keys);
+	if (rq->n_event_hashes && !(pl->evh = calloc(max ? max : 1, KVS_KEY_BYTES)))
 		return kvs__fail(srv, KVS_E_INTERNAL, "out of memory");
 	for (uint32_t gi = 0; gi < g->n_groups; gi++) {
 		const kvs_reg_group *G = &g->groups[gi];
@@ -613,6 +624,9 @@ static int plan_store(kvs_server *srv, kvs_session *s, const kvs_reg *g, const k
 						 "L1 cannot hold %llu more bytes: %s",
 						 (unsigned long long)G->obj_bytes, kvs_strerror(r));
 			pl->geoms[pl->n_objs] = G->geom;
+			if (pl->evh)
+				memcpy(pl->evh + (size_t)pl->n_objs * KVS_KEY_BYTES,
+				       rq->event_hashes + (size_t)k * KVS_KEY_BYTES, KVS_KEY_BYTES);
 			pl->objs[pl->n_objs++] = o;
 			kvs_copy_task *t = calloc(1, sizeof(*t));
 			kvs_copy_seg *segs = calloc((size_t)G->n_layers * bpc, sizeof(*segs));
@@ -1026,6 +1040,7 @@ static int op_part(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
 	if (rq->op == KVS_OP_STORE) {
 		p->objs = pl.objs;
 		p->geoms = pl.geoms;
+		p->evh = pl.evh;
 		p->n_objs = pl.n_objs;
 		p->retained = pl.retained;
 		J->retained += pl.retained;

@@ -330,7 +330,8 @@ int kvs_server_create(const kvs_server_config *cfg, kvs_server **ret)
 	if (cfg->kv_events[0]) {
 		char why[300];
 		if ((r = kvs_events_open(srv->zctx, cfg->kv_events, cfg->kv_events_replay, cfg->kv_events_topic,
-					 cfg->kv_events_buffer, &srv->events, why, sizeof(why))) < 0) {
+					 cfg->kv_events_buffer, cfg->l2_path[0] != 0, &srv->events, why,
+					 sizeof(why))) < 0) {
 			kvs_err("%s", why);
 			goto err_router;
 		}

@@ -902,6 +902,10 @@ int kvs_store_async(kvs_client *c, uint64_t job, const uint8_t *keys, uint32_t n
 	if (opts) {
 		m.lazy = opts->lazy;
 		m.producer_event = (kvs_bytes){opts->producer_event, opts->producer_event_len};
+		if (opts->event_hashes) {
+			m.event_hashes = opts->event_hashes;
+			m.n_event_hashes = n_keys;
+		}
 	}
 	return submit(c, &m, timeout_ms, done, arg, NULL, NULL);
 }

@@ -236,6 +236,10 @@ typedef struct kvs_store_opts {
 	bool lazy;
 	const uint8_t *producer_event; /**< CUDA IPC event handle or NULL */
 	uint32_t producer_event_len;
+	/** NULL, or n_keys engine block hashes of 32 bytes (the engine's name of
+	 *  each chunk, e.g. vLLM's block hash of its last block): KV events
+	 *  (protocol.md §17) publish these instead of the chunk keys */
+	const uint8_t *event_hashes;
 } kvs_store_opts;
 
 /** Asynchronous calls: 0 once queued (done is then called exactly once, on

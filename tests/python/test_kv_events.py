@@ -97,9 +97,15 @@ class KvEvents(unittest.TestCase):
             c.register_memory([mem], groups=[kvside.Group(0, "attention", 16, BPC)],
                               layers=[kvside.Layer(0, 0, 0, BLOCKS, BLOCK, BLOCK)])
             keys1 = [bytes([1, i]) * 16 for i in range(4)]
-            c.store(1, keys1, [list(range(0, 4 * BPC))])
-            c.complete(1)
-            self.assertEqual(c.job_wait(1, 5000), "committed")
+            # the engine's names of these chunks (e.g. vLLM's block hashes):
+            # every event about them names them so
+            names1 = [bytes([0xE0, i]) * 16 for i in range(4)]
+            with self.assertRaises(ValueError):  # one per key (the server checks too: test_jobtable)
+                c.store(1, keys1, [list(range(0, 4 * BPC))], event_hashes=names1[:3])
+            c.store(2, keys1, [list(range(0, 4 * BPC))], event_hashes=names1)
+            c.complete(2)
+            self.assertEqual(c.job_wait(2, 5000), "committed")
+            raw1, keys1 = keys1, names1
 
             def has(kind, medium, keys=()):
                 """Some event of this kind and medium, and every key among them."""
@@ -147,6 +153,9 @@ class KvEvents(unittest.TestCase):
             self.assertGreater(st["l2_evictions"], 0)
             stored_any = {k for e in evs if e[0] == "BlockStored" for k in e[2]}
             self.assertTrue(removed_l1 <= stored_any, "a chunk removed that was never stored")
+            # the oldest chunks, stored under the engine's names, leave L1 under them
+            self.assertTrue(set(names1) & removed_l1, "names1 not among the L1 removals")
+            self.assertFalse({k for e in evs for k in e[2]} & set(raw1), "a chunk key published for a named chunk")
 
             # wait for the write-behind queue, then clear
             deadline = time.time() + 10

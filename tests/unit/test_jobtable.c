@@ -254,6 +254,42 @@ START_TEST(test_commit_retention_repeats)
 }
 END_TEST
 
+/* event_hashes (the engine's names for KV events): one per key or none; a
+ * store with another count is refused and aborts its job, nothing reserved */
+START_TEST(test_event_hashes_count)
+{
+	fx f;
+	fx_start(&f, 0, 0);
+	rank r0;
+	rank_open(&f, &r0, "r0", "eng", 0, 1);
+	uint8_t keys[3 * 32], names[3 * 32];
+	for (uint32_t i = 0; i < 3; i++) {
+		key_of(keys + 32 * i, 40 + i);
+		memset(names + 32 * i, 0xE0 + (int)i, 32);
+	}
+	kvs_msg rq = {.op = KVS_OP_STORE, .id = 10, .session = r0.s->id, .job = 5, .keys = keys, .n_keys = 3,
+		      .event_hashes = names, .n_event_hashes = 2};
+	rq.blocks.n = 2;
+	rq.blocks.ids[0] = SA;
+	rq.blocks.len[0] = 6;
+	rq.blocks.ids[1] = SB;
+	rq.blocks.len[1] = 3;
+	ck_assert_int_eq(kvs__op_store(f.srv, r0.s, &rq), KVS_E_GEOMETRY);
+	ck_assert_ptr_nonnull(strstr(f.srv->errbuf, "event_hashes"));
+	ck_assert_uint_eq(l1stats(&f).objects_reserved, 0);
+	ck_assert_uint_eq(kvs_jobs_retained(f.srv->jobs), 0);
+	/* one per key: accepted */
+	rq.job = 6;
+	rq.n_event_hashes = 3;
+	ck_assert_int_eq(kvs__op_store(f.srv, r0.s, &rq), 0);
+	ck_assert_int_eq(complete(&f, &r0, 6, KVS_STATUS_OK), 0);
+	FX_PUMP_UNTIL(&f, kvs_jobs_open(f.srv->jobs) == 0);
+	ck_assert_uint_eq(l1stats(&f).objects, S_OBJECTS);
+	rank_close(&r0);
+	fx_stop(&f);
+}
+END_TEST
+
 START_TEST(test_complete_unknown_and_state)
 {
 	fx f;
@@ -431,6 +467,7 @@ static Suite *jobtable_suite(void)
 	TCase *tc = tcase_create("core");
 	tcase_set_timeout(tc, 120);
 	tcase_add_test(tc, test_commit_retention_repeats);
+	tcase_add_test(tc, test_event_hashes_count);
 	tcase_add_test(tc, test_complete_unknown_and_state);
 	tcase_add_test(tc, test_failed_complete_aborts);
 	tcase_add_test(tc, test_terminal_table_bounded);

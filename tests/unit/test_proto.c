@@ -448,7 +448,8 @@ static kvs_msg q_store(void)
 {
 	fixtures();
 	kvs_msg m = {.op = KVS_OP_STORE, .id = 9, .session = 5, .job = 99, .keys = KEYS[0],
-		     .n_keys = 2, .producer_event = {EVENT, 64}, .lazy = true};
+		     .n_keys = 2, .producer_event = {EVENT, 64}, .lazy = true, .event_hashes = KEYS[1],
+		     .n_event_hashes = 2};
 	m.blocks.n = 2;
 	m.blocks.ids[0] = BLK0;
 	m.blocks.len[0] = 8;
@@ -624,6 +625,9 @@ static void assert_msg_eq(const kvs_msg *a, const kvs_msg *b)
 		EQ(layers[i].block_bytes);
 	}
 	EQ(n_keys);
+	EQ(n_event_hashes);
+	if (a->n_event_hashes)
+		ck_assert_mem_eq(a->event_hashes, b->event_hashes, (size_t)a->n_event_hashes * KVS_KEY_BYTES);
 	if (a->n_keys)
 		ck_assert_mem_eq(a->keys, b->keys, (size_t)a->n_keys * KVS_KEY_BYTES);
 	EQ(blocks.n);
@@ -813,14 +817,16 @@ START_TEST(test_optional_omitted)
 	kvs_msg_clear(&d);
 	buf_free(&b);
 
-	/* store: lazy false and an empty producer_event are left out */
+	/* store: lazy false, an empty producer_event and no event_hashes are left out */
 	a = q_store();
 	a.lazy = false;
 	a.producer_event = (kvs_bytes){NULL, 0};
+	a.n_event_hashes = 0;
 	b = enc(&a);
 	ck_assert_uint_eq(wire_map_size(b), 7); /* v op id session job keys blocks */
 	ck_assert(!wire_has(b, "lazy"));
 	ck_assert(!wire_has(b, "producer_event"));
+	ck_assert(!wire_has(b, "event_hashes"));
 	d = decode_ok(b, false);
 	ck_assert(!kvs_msg_has(&d, "lazy"));
 	ck_assert(!kvs_msg_has(&d, "producer_event"));

@@ -319,6 +319,45 @@ class Api(unittest.TestCase):
 
 
 class Connector(Base):
+    def test_kv_events_name_chunks_by_vllm_hashes(self):
+        """A server publishing KV events: the chunks a request stores are named
+        by vLLM's own block hash of each chunk's last block (what vLLM's events
+        and routers use), not by kvside's chunk keys."""
+        import msgpack
+        import zmq
+        from vllm.v1.core.kv_cache_utils import get_request_block_hasher
+        from vllm.v1.request import Request
+        srv = Server()
+        pub = "ipc://" + os.path.join(srv.tmp, "events")
+        srv.extra += ["--kv-events", pub]
+        self.servers.append(srv)
+        srv.start()
+        ctx = zmq.Context()
+        self.closers.append(lambda: ctx.destroy(0))
+        sub = ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        sub.connect(pub)
+        time.sleep(0.3)
+        eng, model = self.engine(FULL_MODEL, extra=extra_config(srv))
+        reqs = [{"id": "a", "prompt": prompt(30, 200), "max_tokens": 2}]
+        res = eng.run(reqs)
+        self.assert_outputs(res, model, reqs)
+        names = set()
+        deadline = time.time() + 5
+        while time.time() < deadline and len(names) < 3:
+            if sub.poll(100):
+                _, _, payload = sub.recv_multipart()
+                for ev in msgpack.unpackb(payload, raw=False)[1]:
+                    if ev["type"] == "BlockStored" and ev["medium"] == "CPU":
+                        names |= {bytes(h) for h in ev["block_hashes"]}
+        bs = FULL_MODEL["groups"][0].block_size
+        hasher = get_request_block_hasher(bs)
+        from vllm.sampling_params import SamplingParams
+        hashes = Request("x", reqs[0]["prompt"], SamplingParams(max_tokens=2), block_hasher=hasher).block_hashes
+        per_chunk = 64 // bs
+        want = {bytes(hashes[(c + 1) * per_chunk - 1]) for c in range(200 // 64)}
+        self.assertEqual(names, want, "BlockStored names are not vLLM's chunk-end block hashes")
+
     def test_tp2_shared_prefix_stored_then_loaded(self):
         """2 TP ranks, full attention: a finished request's chunks are stored;
         later requests sharing its prefix (and a second engine) load them

@@ -117,7 +117,7 @@ class _Blocks(ctypes.Structure):
 
 class _StoreOpts(ctypes.Structure):
     _fields_ = [("lazy", ctypes.c_bool), ("producer_event", ctypes.POINTER(ctypes.c_uint8)),
-                ("producer_event_len", ctypes.c_uint32)]
+                ("producer_event_len", ctypes.c_uint32), ("event_hashes", ctypes.c_char_p)]
 
 
 class _AdminInfo(ctypes.Structure):
@@ -346,6 +346,14 @@ def _keys_arg(keys):
     if len(b) % KEY_BYTES:
         raise ValueError("keys must be a multiple of %d bytes" % KEY_BYTES)
     return b, len(b) // KEY_BYTES
+
+
+def _event_hashes_arg(hashes, n):
+    """One 32-byte engine hash per key -> bytes of n * 32."""
+    b, m = _keys_arg(hashes)
+    if m != n:
+        raise ValueError("event_hashes: %d hashes for %d keys" % (m, n))
+    return b
 
 
 def _ids_buffer(ids):
@@ -597,19 +605,22 @@ class Client:
 
     # -- jobs
 
-    def store(self, job, keys, blocks, lazy=False, producer_event=None, timeout_ms=0):
+    def store(self, job, keys, blocks, lazy=False, producer_event=None, timeout_ms=0, event_hashes=None):
         """Stores chunks (one block list per group, blocks_per_chunk ids per
-        key); returns the job state ("open" once accepted)."""
+        key); returns the job state ("open" once accepted). event_hashes: the
+        engine's 32-byte name of each chunk, published by KV events."""
         kb, n = _keys_arg(keys)
         bl, keep = _blocks_arg(blocks)
         opts = None
+        if event_hashes is not None:
+            opts = _StoreOpts(False, None, 0, _event_hashes_arg(event_hashes, n))
         if lazy or producer_event:
             ev = None
             if producer_event:
                 raw = (ctypes.c_uint8 * len(producer_event)).from_buffer_copy(bytes(producer_event))
                 keep = (keep, raw)
                 ev = ctypes.cast(raw, ctypes.POINTER(ctypes.c_uint8))
-            opts = _StoreOpts(bool(lazy), ev, len(producer_event or b""))
+            opts = _StoreOpts(bool(lazy), ev, len(producer_event or b""), opts.event_hashes if opts else None)
         st = ctypes.c_int(-1)
         _check(_lib.kvs_store(self._h(), job, kb, n, ctypes.byref(bl),
                               ctypes.byref(opts) if opts else None, timeout_ms, ctypes.byref(st)), "store")
@@ -644,13 +655,17 @@ class Client:
     # -- asynchronous jobs: each returns a Pending at once (protocol.md 6.9: a
     #    part and its complete may be queued back to back)
 
-    def store_async(self, job, keys, blocks, timeout_ms=0, callback=None):
-        """Queues a store part; the Pending ends with the part's reply."""
+    def store_async(self, job, keys, blocks, timeout_ms=0, callback=None, event_hashes=None):
+        """Queues a store part; the Pending ends with the part's reply.
+        event_hashes as for store()."""
         kb, n = _keys_arg(keys)
         bl, keep = _blocks_arg(blocks)
+        opts = None
+        if event_hashes is not None:
+            opts = _StoreOpts(False, None, 0, _event_hashes_arg(event_hashes, n))
         h = self._h()
         return self._submit(Pending("store", job, callback), lambda fn, tok: _lib.kvs_store_async(
-            h, job, kb, n, ctypes.byref(bl), None, timeout_ms, fn, tok))
+            h, job, kb, n, ctypes.byref(bl), ctypes.byref(opts) if opts else None, timeout_ms, fn, tok))
 
     def retrieve_async(self, job, keys, blocks, skip_tokens=0, timeout_ms=0, callback=None):
         """Queues a retrieve part; the Pending ends once the bytes are in

@@ -24,6 +24,7 @@ class JobOp:
     sync: bool = False
     volatile: bool = False
     at_step_start: bool = False
+    names: bytes = None   # store: vLLM's block hash of each chunk's last block (KV events)
 
 
 @dataclass

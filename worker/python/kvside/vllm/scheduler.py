@@ -292,11 +292,24 @@ class SchedulerSide:
             lists.append(array.array("q", ids))
         st.stored = n_end
         op = JobOp(st.req.request_id, self.next_job(), b"".join(keys[first:n_end]), lists,
-                   volatile=volatile, at_step_start=at_step_start)
+                   volatile=volatile, at_step_start=at_step_start, names=self._names(st, first, n_end))
         st.jobs.add(op.job)
         self.stats["stores_planned"] += 1
         self.stats["chunks_planned"] += n_end - first
         return op
+
+    def _names(self, st, first, end):
+        """vLLM's own block hash of each chunk's last block, so that kvside's
+        KV events (protocol.md 17) name chunks as vLLM's do; None unless they
+        are 32-byte hashes (sha256 and sha256_cbor are)."""
+        hashes = st.req.block_hashes
+        out = []
+        for c in range(first, end):
+            h = hashes[(c + 1) * self.hashes_per_chunk - 1]
+            if not isinstance(h, (bytes, bytearray)) or len(h) != 32:
+                return None
+            out.append(bytes(h))
+        return b"".join(out)
 
     def update_connector_output(self, out):
         with self._lock:

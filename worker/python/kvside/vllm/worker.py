@@ -240,7 +240,7 @@ class WorkerSide:
                 self._end_store(job)   # no job_done may come (session lost)
         try:
             rec.part = self.client.store_async(op.job, op.keys, op.blocks, timeout_ms=self.cfg.timeout_ms,
-                                               callback=refused)
+                                               callback=refused, event_hashes=op.names)
             self.client.complete_async(op.job, ok, timeout_ms=self.cfg.timeout_ms)
         except kvside.KvsideError as e:
             log.warning("kvside: store of %s not sent (%s)", op.req_id, e)
