@@ -323,8 +323,11 @@ class Connector(Base):
         """A server publishing KV events: the chunks a request stores are named
         by vLLM's own block hash of each chunk's last block (what vLLM's events
         and routers use), not by kvside's chunk keys."""
-        import msgpack
-        import zmq
+        try:
+            import msgpack
+            import zmq
+        except ImportError as e:  # Debian's python3-zmq/-msgpack: in CI; not on every GPU image
+            self.skipTest("needs pyzmq and msgpack: %s" % e)
         from vllm.v1.core.kv_cache_utils import get_request_block_hasher
         from vllm.v1.request import Request
         srv = Server()
