@@ -237,6 +237,30 @@ class EngineAlone(Base):
         self.assertEqual(res["info"]["h1"]["preemptions"], 1)
 
 
+class Config(unittest.TestCase):
+    def test_extra_config_checked_and_layout_named(self):
+        """Bad extra-config keys and values are refused at start; the layout
+        the connector asks vLLM for is part of the namespace (NHD and HND
+        pages have one size: the server could not tell them apart)."""
+        from types import SimpleNamespace as NSp
+        from kvside.vllm.config import ConnectorConfig, namespace_of
+        from kvside.vllm import KvsideConnector
+        for bad, needle in (({"chunk_tokens": "256"}, "chunk_tokens"), ({"store": "later"}, "store"),
+                            ({"kv_layout": "XYZ"}, "kv_layout"), ({"brokerdir": "/x"}, "unknown"),
+                            ({"load": 1}, "load")):
+            with self.assertRaises(ValueError) as e:
+                ConnectorConfig.from_extra(bad)
+            self.assertIn(needle, str(e.exception))
+        vc = NSp(kv_transfer_config=NSp(kv_connector_extra_config={}))
+        self.assertEqual(KvsideConnector.get_required_kvcache_layout(vc), "NHD")
+        vc.kv_transfer_config.kv_connector_extra_config = {"kv_layout": "HND"}
+        self.assertEqual(KvsideConnector.get_required_kvcache_layout(vc), "HND")
+        cfg = ConnectorConfig.from_extra({})
+        a = namespace_of(cfg, "m", "bf16", 2, [16], "sha256", "NHD")
+        b = namespace_of(cfg, "m", "bf16", 2, [16], "sha256", "HND")
+        self.assertNotEqual(a, b)
+
+
 class Api(unittest.TestCase):
     """The connector's methods against vLLM's base classes at the commit named
     in vllm_api.txt (and the stand-in's base classes against the same list)."""

@@ -24,6 +24,7 @@ class ConnectorConfig:
     store: str = "eager"            # eager | finished | none
     load: bool = True               # look up and load (also needs a kv_role that consumes)
     hash_block_size: int = 0        # tokens per vLLM block hash (0: as vLLM derives it)
+    kv_layout: str = "NHD"          # the KV-cache layout the connector asks vLLM for (NHD or HND)
 
     @classmethod
     def from_extra(cls, extra):
@@ -47,21 +48,25 @@ class ConnectorConfig:
             setattr(cfg, k, v)
         if cfg.chunk_tokens <= 0:
             raise ValueError("kvside: chunk_tokens must be positive")
+        if cfg.kv_layout not in ("NHD", "HND"):
+            raise ValueError("kvside: kv_layout must be NHD or HND, not %r" % cfg.kv_layout)
         if cfg.store not in STORE_POLICIES:
             raise ValueError("kvside: store must be one of %s, not %r" % (", ".join(STORE_POLICIES), cfg.store))
         return cfg
 
 
-def namespace_of(cfg, model, dtype, tp, block_sizes, hash_algo):
+def namespace_of(cfg, model, dtype, tp, block_sizes, hash_algo, layout):
     """The kvside namespace of an engine: everything that makes two engines'
-    bytes for one prompt differ (model, cache dtype, TP size, block sizes,
-    chunk size, block-hash algorithm), plus the salt. Geometry differences the
-    server sees (layouts, head sizes) are also caught by its per-group
-    fingerprints (protocol.md 14.2)."""
+    bytes for one prompt differ (model, cache dtype, TP size, cache layout,
+    block sizes, chunk size, block-hash algorithm), plus the salt. Geometry
+    differences the server sees (head sizes, layer counts) are also caught by
+    its per-group fingerprints (protocol.md 14.2); NHD and HND pages have the
+    same size, so the layout must be in the name."""
     if cfg.namespace:
         return cfg.namespace
-    return "vllm|%s|%s|tp%d|bs%s|c%d|%s|%s" % (model, dtype, tp, ",".join(str(b) for b in block_sizes),
-                                              cfg.chunk_tokens, hash_algo, cfg.namespace_salt)
+    return "vllm|%s|%s|tp%d|%s|bs%s|c%d|%s|%s" % (model, dtype, tp, layout,
+                                                 ",".join(str(b) for b in block_sizes), cfg.chunk_tokens,
+                                                 hash_algo, cfg.namespace_salt)
 
 
 def chunk_key(ns_digest, block_hash):

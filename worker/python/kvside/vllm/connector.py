@@ -12,6 +12,7 @@ half its role has, and calls of the other role are no-ops.
 """
 
 import logging
+import os
 from math import gcd
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V1, KVConnectorRole,
@@ -73,9 +74,11 @@ class KvsideConnector(KVConnectorBase_V1, SupportsHMA):
                              % (self.cfg.chunk_tokens, hbs))
         mc, cc = vllm_config.model_config, vllm_config.cache_config
         tp = pc.tensor_parallel_size
+        # vLLM uses VLLM_KV_CACHE_LAYOUT over a connector's requirement
+        layout = os.environ.get("VLLM_KV_CACHE_LAYOUT") or self.cfg.kv_layout
         self.namespace = namespace_of(self.cfg, getattr(mc, "model", "?"),
                                       str(getattr(cc, "cache_dtype", "auto")), tp, sizes,
-                                      getattr(cc, "prefix_caching_hash_algo", "sha256"))
+                                      getattr(cc, "prefix_caching_hash_algo", "sha256"), layout)
         self.engine = "vllm-%s" % (ktc.engine_id or "0")
         load = self.cfg.load and getattr(ktc, "is_kv_consumer", True)
         store = self.cfg.store if getattr(ktc, "is_kv_producer", True) else "none"
@@ -107,6 +110,14 @@ class KvsideConnector(KVConnectorBase_V1, SupportsHMA):
     @property
     def requires_kv_delivery(self):
         return False  # a cache: a dropped save is a later miss
+
+    @classmethod
+    def get_required_kvcache_layout(cls, vllm_config):
+        """One layout for every engine sharing a namespace (kv_layout, NHD by
+        default): NHD and HND pages of one model have the same size, so the
+        server could not tell them apart."""
+        ktc = vllm_config.kv_transfer_config
+        return ConnectorConfig.from_extra(ktc.kv_connector_extra_config if ktc else {}).kv_layout
 
     @classmethod
     def build_kv_connector_stats(cls, data=None):
