@@ -27,7 +27,7 @@ import hashlib, sys, zipfile
 wheel, lib = sys.argv[1:]
 z = zipfile.ZipFile(wheel)
 names = set(z.namelist())
-want = {"kvside/__init__.py", "kvside/layout.py", "kvside/sglang.py", "kvside/torch_alloc.py",
+want = {"kvside/__init__.py", "kvside/layout.py", "kvside/settings.py", "kvside/sglang.py", "kvside/torch_alloc.py",
         "kvside/vllm/__init__.py", "kvside/vllm/connector.py", "kvside/vllm/config.py",
         "kvside/vllm/groups.py", "kvside/vllm/meta.py", "kvside/vllm/scheduler.py",
         "kvside/vllm/worker.py", "kvside/_lib/libkvside.so.0"}

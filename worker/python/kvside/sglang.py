@@ -53,6 +53,7 @@ __all__ = ["KvsideStorage", "StorageConfig", "namespace_of", "page_key", "pool_v
 
 
 from kvside import layout as _layout  # noqa: E402  (engine-neutral views and host memory)
+from kvside import settings as _settings  # noqa: E402
 
 LayoutError = _layout.LayoutError
 
@@ -91,19 +92,7 @@ class StorageConfig:
                              "keys: %s; SGLang's: %s" % (", ".join(unknown), ", ".join(sorted(known)),
                                                          ", ".join(SGLANG_KEYS)))
         cfg = cls()
-        for k, v in extra.items():
-            if k not in known:
-                continue
-            default = known[k].default
-            if isinstance(default, bool):
-                if not isinstance(v, bool):
-                    raise ValueError("kvside: %s must be true or false, not %r" % (k, v))
-            elif isinstance(default, int):
-                if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                    raise ValueError("kvside: %s must be a non-negative integer, not %r" % (k, v))
-            elif v is not None and not isinstance(v, str):
-                raise ValueError("kvside: %s must be a string, not %r" % (k, v))
-            setattr(cfg, k, v)
+        _settings.assign(cfg, known, extra.items())
         for k in ("timeout_ms", "lookup_timeout_ms", "load_timeout_ms", "store_wait_ms"):
             if getattr(cfg, k) <= 0:
                 raise ValueError("kvside: %s must be positive" % k)

@@ -4,6 +4,8 @@
 import hashlib
 from dataclasses import dataclass, fields
 
+from ..settings import assign
+
 STORE_POLICIES = ("eager", "finished", "none")
 
 
@@ -35,17 +37,7 @@ class ConnectorConfig:
             raise ValueError("kvside: unknown kv_connector_extra_config key(s) %s; known: %s"
                              % (", ".join(unknown), ", ".join(sorted(known))))
         cfg = cls()
-        for k, v in extra.items():
-            default = known[k].default
-            if isinstance(default, bool):
-                if not isinstance(v, bool):
-                    raise ValueError("kvside: %s must be true or false, not %r" % (k, v))
-            elif isinstance(default, int):
-                if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                    raise ValueError("kvside: %s must be a non-negative integer, not %r" % (k, v))
-            elif v is not None and not isinstance(v, str):
-                raise ValueError("kvside: %s must be a string, not %r" % (k, v))
-            setattr(cfg, k, v)
+        assign(cfg, known, extra.items())
         if cfg.chunk_tokens <= 0:
             raise ValueError("kvside: chunk_tokens must be positive")
         if cfg.kv_layout not in ("NHD", "HND"):
