@@ -24,6 +24,13 @@
 #define MAX_TOUCHES 65536
 #define HIGH_PCT 85
 #define LOW_PCT 70
+/* the pages in use (objects' overflow pages, B-trees) may reach this much of
+ * `size` before eviction, whatever the byte count says; the map itself is
+ * RESERVE_PCT larger than `size`, so an evicting transaction always has
+ * pages to copy-on-write into */
+#define PAGES_HIGH_PCT 95
+#define PAGES_LOW_PCT 80
+#define RESERVE_PCT 6
 
 /* On-disk object header (little-endian host order; the format version
  * guards layout changes). */
@@ -79,6 +86,7 @@ struct kvs_l2 {
 	pthread_t writer, reader;
 	bool writer_started, reader_started;
 	uint64_t clock; /* writer-owned logical time */
+	uint64_t psize; /* LMDB page size */
 	kvs_objkey *evicted; /* writer-owned: keys evicted by the transaction in progress */
 	uint32_t n_evicted, cap_evicted;
 	kvs_l2_stats st; /* guarded by mu */
@@ -206,10 +214,33 @@ static int stamp(kvs_l2 *l2, MDB_txn *txn, const kvs_objkey *key)
 	return rc;
 }
 
-/* Deletes least-recently-used objects until *bytes <= target; adds their
- * number to *evicted (counted by the caller once the transaction commits). */
+/* Bytes of the map the databases occupy now (branch, leaf and overflow
+ * pages; free pages not counted): what fills the map, whatever the objects'
+ * byte count says (an object of 32 KiB + header takes 9 pages). */
+static uint64_t used_bytes(kvs_l2 *l2, MDB_txn *txn)
+{
+	MDB_dbi dbs[4] = {l2->obj, l2->lru, l2->atime, l2->meta};
+	uint64_t pages = 0;
+	for (int i = 0; i < 4; i++) {
+		MDB_stat st;
+		if (mdb_stat(txn, dbs[i], &st) == 0)
+			pages += st.ms_branch_pages + st.ms_leaf_pages + st.ms_overflow_pages;
+	}
+	return pages * l2->psize;
+}
+
+/* Map bytes one object of len data bytes takes (its overflow pages). */
+static uint64_t obj_pages_bytes(const kvs_l2 *l2, uint64_t len)
+{
+	uint64_t need = HDR_BYTES + len + 16; /* node header */
+	return (need + l2->psize - 1) / l2->psize * l2->psize;
+}
+
+/* Deletes least-recently-used objects until *bytes <= target and the pages
+ * in use are at most page_target; adds their number to *evicted (counted by
+ * the caller once the transaction commits). */
 static int evict_to(kvs_l2 *l2, MDB_txn *txn, uint64_t *bytes, uint64_t *objects, uint64_t target,
-		    uint64_t *evicted)
+		    uint64_t page_target, uint64_t *evicted)
 {
 	MDB_cursor *cur;
 	int rc = mdb_cursor_open(txn, l2->lru, &cur);
@@ -217,7 +248,8 @@ static int evict_to(kvs_l2 *l2, MDB_txn *txn, uint64_t *bytes, uint64_t *objects
 		return rc;
 	uint64_t n = 0;
 	MDB_val k, v;
-	while (*bytes > target && (rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST)) == 0) {
+	while ((*bytes > target || used_bytes(l2, txn) > page_target) &&
+	       (rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST)) == 0) {
 		kvs_objkey key;
 		if (k.mv_size != 8 + sizeof(key)) {
 			mdb_cursor_del(cur, 0);
@@ -265,10 +297,12 @@ static int write_batch(kvs_l2 *l2, l2_item *batch, uint32_t nb, const kvs_objkey
 	uint64_t bytes = meta_get(txn, l2->meta, "bytes");
 	uint64_t objects = meta_get(txn, l2->meta, "objects");
 	l2->clock = meta_get(txn, l2->meta, "clock");
-	uint64_t incoming = 0, evicted = 0;
+	uint64_t incoming = 0, incoming_pages = 0, evicted = 0;
 	for (uint32_t i = 0; i < nb; i++)
-		if (batch[i].op == KVS_L2_WRITE)
+		if (batch[i].op == KVS_L2_WRITE) {
 			incoming += HDR_BYTES + batch[i].len;
+			incoming_pages += obj_pages_bytes(l2, batch[i].len);
+		}
 	uint64_t high = l2->cfg.size / 100 * HIGH_PCT;
 	for (uint32_t i = 0; i < nd; i++) {
 		uint64_t f = del_object(l2, txn, &drops[i]);
@@ -284,12 +318,20 @@ static int write_batch(kvs_l2 *l2, l2_item *batch, uint32_t nb, const kvs_objkey
 		if (mdb_get(txn, l2->obj, &k, &v) == 0 && (rc = stamp(l2, txn, &touches[i])) != 0)
 			goto abort;
 	}
-	if (bytes + incoming > high || evict_target < bytes) {
-		uint64_t target = l2->cfg.size / 100 * LOW_PCT;
+	/* watermarks over object bytes and over the pages actually in use: the
+	 * page count is what runs the map full (issue 16: small objects whose
+	 * pages cost 12 % more than their bytes wedged the map at 85 % bytes) */
+	uint64_t used = used_bytes(l2, txn);
+	if (bytes + incoming > high || used + incoming_pages > l2->cfg.size / 100 * PAGES_HIGH_PCT ||
+	    evict_target < bytes || evict_target < used) {
+		uint64_t target = l2->cfg.size / 100 * LOW_PCT, ptarget = l2->cfg.size / 100 * PAGES_LOW_PCT;
 		if (evict_target < target)
 			target = evict_target;
+		if (evict_target < ptarget)
+			ptarget = evict_target;
+		ptarget = ptarget > incoming_pages ? ptarget - incoming_pages : 0;
 		target = target > incoming ? target - incoming : 0;
-		if ((rc = evict_to(l2, txn, &bytes, &objects, target, &evicted)) != 0)
+		if ((rc = evict_to(l2, txn, &bytes, &objects, target, ptarget, &evicted)) != 0)
 			goto abort;
 	}
 	for (uint32_t i = 0; i < nb; i++) {
@@ -599,7 +641,7 @@ int kvs_l2_open(const kvs_l2_config *cfg, kvs_l2 **ret)
 		goto err_lmdb;
 	mdb_env_set_maxdbs(l2->env, 4);
 	mdb_env_set_maxreaders(l2->env, 64);
-	if ((rc = mdb_env_set_mapsize(l2->env, cfg->size)) != 0)
+	if ((rc = mdb_env_set_mapsize(l2->env, cfg->size + cfg->size / 100 * RESERVE_PCT)) != 0)
 		goto err_env;
 	/* WRITEMAP: MDB_RESERVE hands out space straight in the map, so an
 	 * object is copied once, from L1 into the page cache */
@@ -610,6 +652,9 @@ int kvs_l2_open(const kvs_l2_config *cfg, kvs_l2 **ret)
 		flags |= MDB_NOSYNC;
 	if ((rc = mdb_env_open(l2->env, cfg->path, flags, 0600)) != 0)
 		goto err_env;
+	MDB_stat est;
+	mdb_env_stat(l2->env, &est);
+	l2->psize = est.ms_psize ? est.ms_psize : 4096;
 	int dead = 0;
 	mdb_reader_check(l2->env, &dead); /* slots of a killed earlier process */
 	MDB_txn *txn;
@@ -629,7 +674,7 @@ int kvs_l2_open(const kvs_l2_config *cfg, kvs_l2 **ret)
 		goto err_env;
 	MDB_envinfo info;
 	mdb_env_info(l2->env, &info);
-	l2->st.map_size = info.me_mapsize;
+	l2->st.map_size = cfg->size;
 	/* LMDB does not say where it mapped data.mdb: find the mapping */
 	l2->map_base = NULL;
 	if (mdb_env_get_fd(l2->env, &l2->fd) == 0) {
@@ -650,7 +695,11 @@ int kvs_l2_open(const kvs_l2_config *cfg, kvs_l2 **ret)
 		if (mf)
 			fclose(mf);
 	}
-	l2->cfg.size = info.me_mapsize; /* an existing environment may be larger */
+	/* an existing environment may be larger: its capacity is its map less
+	 * the reserve */
+	if (info.me_mapsize > cfg->size + cfg->size / 100 * RESERVE_PCT + l2->psize)
+		l2->cfg.size = info.me_mapsize - info.me_mapsize * RESERVE_PCT / (100 + RESERVE_PCT);
+	l2->st.map_size = l2->cfg.size;
 	/* A commit needs free pages for its batch beside those of the last
 	 * snapshot and those the previous commit freed (LMDB reuses freed pages
 	 * only two transactions later), so a batch must stay small against the
