@@ -28,10 +28,7 @@ What lives here, independent of any model:
 
 import itertools
 import os
-import shutil
-import signal
-import subprocess
-import tempfile
+import sys
 import threading
 import time
 
@@ -39,6 +36,10 @@ import numpy as np
 import torch
 
 import kvside
+
+# the test server shared by every Python suite
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+from kvt_server import Server as _Server  # noqa: E402
 
 FULL, WINDOW, RECURRENT = "full", "window", "recurrent"
 
@@ -512,71 +513,10 @@ class TPConnector:
 
 # ---- a real server --------------------------------------------------------------------------
 
-class LocalServer:
-    """kvside-server in a private temporary directory; l2=True gives it an L2
-    LMDB directory that stays across stop()/start()."""
+class LocalServer(_Server):
+    """kvside-server in a private temporary directory (tests/python/kvt_server.py);
+    l2=True gives it an L2 LMDB directory that stays across stop()/start()."""
 
     def __init__(self, binary, l2=False, extra=(), l1_size="64M", l2_size="256M"):
-        self.binary = binary
-        self.l1_size, self.l2_size = l1_size, l2_size
-        self.tmp = tempfile.mkdtemp(prefix="kvt-e2e-")
-        self.run = os.path.join(self.tmp, "run")
-        self.l2_path = os.path.join(self.tmp, "l2") if l2 else None
-        self.extra = list(extra)
-        self.proc = None
-        self.log_path = os.path.join(self.tmp, "server.log")
-
-    def start(self, timeout=20):
-        args = [self.binary, "--broker-dir", self.run, "--l1-size", self.l1_size, "--ttl-ms", "5000",
-                "--heartbeat-ms", "200", "--metrics-listen", "off", "--log-level", "warn",
-                "--no-prefault"]
-        if self.l2_path:
-            args += ["--l2-path", self.l2_path, "--l2-size", self.l2_size]
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(args + self.extra, stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            if os.path.exists(os.path.join(self.run, "kvside.zmq")):
-                try:
-                    kvside.Client("probe", "probe", role="scheduler", broker_dir=self.run,
-                                  timeout_ms=1000).close()
-                    return
-                except kvside.KvsideError:
-                    pass
-            if self.proc.poll() is not None:
-                raise RuntimeError("kvside-server exited: %s\n%s" % (self.proc.returncode, self.log()))
-            time.sleep(0.05)
-        raise RuntimeError("kvside-server did not start\n" + self.log())
-
-    def wait_stat(self, pred, timeout=10):
-        """Waits until pred(stats) holds; returns the stats."""
-        with kvside.Client("probe", "probe", role="scheduler", broker_dir=self.run) as c:
-            deadline = time.time() + timeout
-            while True:
-                st = c.stats()
-                if pred(st) or time.time() > deadline:
-                    return st
-                time.sleep(0.05)
-
-    def stop(self):
-        """SIGTERM (queued L2 writes are flushed); returns the exit status."""
-        if self.proc is None:
-            return 0
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            self.proc.wait(60)
-        rc, self.proc = self.proc.returncode, None
-        return rc
-
-    def log(self):
-        try:
-            with open(self.log_path, "rb") as f:
-                return f.read().decode(errors="replace")[-4000:]
-        except OSError:
-            return ""
-
-    def cleanup(self):
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-        shutil.rmtree(self.tmp, ignore_errors=True)
+        super().__init__(*extra, l2=l2, l1_size=l1_size, l2_size=l2_size, l2_sync=None, binary=binary,
+                         ttl_ms=5000, heartbeat_ms=200, prefix="kvt-e2e-")

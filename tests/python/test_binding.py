@@ -16,11 +16,7 @@ failing cleanly without a GPU; torch_alloc importable without torch.
 """
 
 import os
-import shutil
-import signal
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 import unittest
@@ -39,52 +35,8 @@ STRIDE = 2048 + 64           # padded: only BLOCK_BYTES of each block are copied
 REGION = LAYERS * BLOCKS * STRIDE
 
 
-class Server:
-    """kvside-server in a private run directory."""
-
-    def __init__(self, *extra):
-        self.tmp = tempfile.mkdtemp(prefix="kvt-py-")
-        self.run = os.path.join(self.tmp, "run")
-        self.extra = list(extra)
-        self.proc = None
-
-    def start(self):
-        wrapper = os.environ.get("KVT_SERVER_WRAPPER", "").split()
-        self.log = open(os.path.join(self.tmp, "server.log"), "ab")
-        self.proc = subprocess.Popen(
-            wrapper + [SERVER, "--broker-dir", self.run, "--ttl-ms", "3000", "--heartbeat-ms", "100",
-                       "--l1-size", "64M", "--metrics-listen", "off", "--log-level", os.environ.get("KVT_LOG_LEVEL", "warn"),
-                       "--no-prefault"] + self.extra,
-            stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.time() + (60 if wrapper else 10)
-        while time.time() < deadline:
-            if os.path.exists(os.path.join(self.run, "kvside.zmq")):
-                try:
-                    kvside.Client("probe", NS, role="scheduler", broker_dir=self.run,
-                                  timeout_ms=1000).close()
-                    return
-                except kvside.KvsideError:
-                    pass
-            if self.proc.poll() is not None:
-                raise RuntimeError("server exited: %s" % self.proc.returncode)
-            time.sleep(0.05)
-        raise RuntimeError("server did not start")
-
-    def stop(self):
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            rc = self.proc.wait(60)
-        else:
-            rc = self.proc.returncode if self.proc else 0
-        self.proc = None
-        self.log.close()
-        return rc
-
-    def cleanup(self):
-        if self.proc and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-        shutil.rmtree(self.tmp, ignore_errors=True)
+# the server every Python test starts (tests/vllm, tests/sglang import it from here too)
+from kvt_server import Server  # noqa: E402,F401
 
 
 def tokens(prompt, n_chunks):

@@ -38,11 +38,7 @@ import inspect
 import multiprocessing
 import os
 import re
-import shutil
-import signal
-import subprocess
 import sys
-import tempfile
 import time
 import unittest
 
@@ -53,12 +49,14 @@ except ImportError as e:
     sys.exit(77)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-for p in (os.path.join(HERE, "..", "..", "worker", "python"), os.path.join(HERE, "stub"), HERE):
+for p in (os.path.join(HERE, "..", "..", "worker", "python"), os.path.join(HERE, "..", "python"),
+          os.path.join(HERE, "stub"), HERE):
     p = os.path.normpath(p)
     if p not in sys.path:
         sys.path.insert(0, p)
 
 import kvside  # noqa: E402
+from kvt_server import Server as _Server  # noqa: E402
 import sglang_rank as R  # noqa: E402
 
 SERVER = os.environ.get("KVS_SERVER")
@@ -66,70 +64,10 @@ API_FILE = os.path.join(HERE, "sglang_api.txt")
 PAGE = R.PAGE
 
 
-class Server:
+def Server(*extra, l2=False):
     """kvside-server in a private run directory; stop and start again keep
-    the L2 directory."""
-
-    def __init__(self, *extra, l2=False):
-        self.tmp = tempfile.mkdtemp(prefix="kvt-sglang-srv-")
-        self.run = os.path.join(self.tmp, "run")
-        self.extra = list(extra)
-        if l2:
-            self.extra += ["--l2-path", os.path.join(self.tmp, "l2"), "--l2-size", "256M", "--l2-sync", "none"]
-        self.proc = None
-        self.log = None
-
-    def start(self):
-        self.log = open(os.path.join(self.tmp, "server.log"), "ab")
-        self.proc = subprocess.Popen(
-            [SERVER, "--broker-dir", self.run, "--ttl-ms", "3000", "--heartbeat-ms", "100", "--l1-size", "64M",
-             "--metrics-listen", "off", "--log-level", "warn", "--no-prefault"] + self.extra,
-            stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.time() + 15
-        while time.time() < deadline:
-            if os.path.exists(os.path.join(self.run, "kvside.zmq")):
-                try:
-                    kvside.Client("probe", "probe", role="scheduler", broker_dir=self.run, timeout_ms=500).close()
-                    return
-                except kvside.KvsideError:
-                    pass
-            if self.proc.poll() is not None:
-                raise RuntimeError("server exited: %s" % self.proc.returncode)
-            time.sleep(0.05)
-        raise RuntimeError("server did not start")
-
-    def stats(self):
-        with kvside.Client("probe", "probe", role="scheduler", broker_dir=self.run) as c:
-            return c.stats()
-
-    def stop(self):
-        rc = 0
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                rc = self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                rc = self.proc.wait()
-        elif self.proc is not None:
-            rc = self.proc.returncode
-        if self.log:
-            self.log.close()
-            self.log = None
-        return rc
-
-    def log_tail(self, n=30):
-        try:
-            with open(os.path.join(self.tmp, "server.log"), errors="replace") as f:
-                return "".join(f.readlines()[-n:])
-        except OSError:
-            return ""
-
-    def cleanup(self):
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-        shutil.rmtree(self.tmp, ignore_errors=True)
+    the L2 directory (tests/python/kvt_server.py)."""
+    return _Server(*extra, l2=l2, prefix="kvt-sglang-srv-")
 
 
 def extra_config(srv, **kw):

@@ -33,7 +33,6 @@ import inspect
 import os
 import re
 import shutil
-import signal
 import sys
 import tempfile
 import time
@@ -53,6 +52,7 @@ for p in (os.path.join(HERE, "stub"), HERE, os.path.join(HERE, "..", "python"),
 os.environ.setdefault("PYTHONHASHSEED", "0")
 
 import kvside  # noqa: E402
+from kvt_server import Server as _Server  # noqa: E402
 import engine as E  # noqa: E402
 
 SERVER = os.environ.get("KVS_SERVER")
@@ -79,70 +79,9 @@ def prompt(seed, n, base=None):
     return toks[:n]
 
 
-class Server:
-    """kvside-server in a private run directory (as tests/python/test_binding.py),
-    with SIGKILL and restart."""
-
-    def __init__(self, l2=False):
-        self.tmp = tempfile.mkdtemp(prefix="kvt-vllm-srv-")
-        self.run = os.path.join(self.tmp, "run")
-        self.extra = []
-        if l2:
-            self.extra = ["--l2-path", os.path.join(self.tmp, "l2"), "--l2-size", "256M", "--l2-sync", "none"]
-        self.proc = None
-        self.log = None
-
-    def start(self):
-        import subprocess
-        self.log = open(os.path.join(self.tmp, "server.log"), "ab")
-        self.proc = subprocess.Popen(
-            [SERVER, "--broker-dir", self.run, "--ttl-ms", "3000", "--heartbeat-ms", "100", "--l1-size", "64M",
-             "--metrics-listen", "off", "--log-level", "warn", "--no-prefault"] + self.extra,
-            stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.time() + 15
-        while time.time() < deadline:
-            if os.path.exists(os.path.join(self.run, "kvside.zmq")):
-                try:
-                    kvside.Client("probe", "probe", role="scheduler", broker_dir=self.run, timeout_ms=500).close()
-                    return
-                except kvside.KvsideError:
-                    pass
-            if self.proc.poll() is not None:
-                raise RuntimeError("server exited: %s" % self.proc.returncode)
-            time.sleep(0.05)
-        raise RuntimeError("server did not start")
-
-    def kill(self):
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(10)
-        self.log.close()
-
-    def stop(self):
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                rc = self.proc.wait(30)
-            except Exception:
-                self.proc.kill()
-                rc = self.proc.wait()
-        else:
-            rc = self.proc.returncode if self.proc else 0
-        if self.log:
-            self.log.close()
-        return rc
-
-    def log_tail(self, n=30):
-        try:
-            with open(os.path.join(self.tmp, "server.log"), errors="replace") as f:
-                return "".join(f.readlines()[-n:])
-        except OSError:
-            return ""
-
-    def cleanup(self):
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-        shutil.rmtree(self.tmp, ignore_errors=True)
+def Server(l2=False):
+    """kvside-server in a private run directory (tests/python/kvt_server.py)."""
+    return _Server(l2=l2, prefix="kvt-vllm-srv-")
 
 
 def extra_config(srv, **kw):

@@ -311,12 +311,16 @@ class SchedulerSide:
             out.append(bytes(h))
         return b"".join(out)
 
-    def update_connector_output(self, out):
+    def _drain_done(self):
+        """Forgets, in every request, the store jobs whose job_done came in."""
         with self._lock:
             done, self._done_jobs = self._done_jobs, {}
         if done:
             for st in self._reqs.values():
                 st.jobs.difference_update(done)
+
+    def update_connector_output(self, out):
+        self._drain_done()
         bad = getattr(out, "invalid_block_ids", None)
         if bad:
             # vLLM recomputes from the first block that failed to load: those
@@ -347,10 +351,7 @@ class SchedulerSide:
             op = self._store_op(st, request.num_computed_tokens, at_step_start=True)
             if op is not None:
                 self._pending_stores.append(op)
-        with self._lock:
-            done, self._done_jobs = self._done_jobs, {}
-        for s in self._reqs.values():
-            s.jobs.difference_update(done)
+        self._drain_done()
         if st.jobs:
             st.finished = True
             self._finish_pending.add(request.request_id)

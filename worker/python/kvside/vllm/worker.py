@@ -19,6 +19,7 @@ Ownership and invariants:
 """
 
 import logging
+import os
 import threading
 import time
 
@@ -96,7 +97,6 @@ class WorkerSide:
                 lo, hi = view_extent(v, self.num_blocks)
                 a = host_allocation(lo, hi - lo, "KV cache view of group %d" % g)
                 if a.inode in by_inode:
-                    import os
                     os.close(a.fd)
                     a = allocs[by_inode[a.inode]]
                 else:
@@ -106,7 +106,6 @@ class WorkerSide:
                                            self.num_blocks, v.block_stride, v.block_bytes))
             self.handle = self.client.register_memory([(a.fd, a.size) for a in allocs], groups, layers)
         finally:
-            import os
             for a in allocs:
                 os.close(a.fd)
 
