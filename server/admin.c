@@ -8,6 +8,7 @@
 #define KVS_LOG_COMPONENT "admin"
 #include "events.h"
 #include "jobs.h"
+#include "reply.h"
 #include "kvs_l1.h"
 #include "kvs_l2.h"
 #include "kvs_log.h"

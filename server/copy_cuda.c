@@ -55,6 +55,7 @@ typedef struct desc_buf {
 
 /* A batch of tasks in flight (owned by the engine until reaped). */
 typedef struct inflight {
+	kvs_cq_item cq;            /* posted by the host callback; run on the loop */
 	kvs_copy_task **tasks;
 	uint32_t n_tasks;
 	uint64_t t_submit, t_done; /* ns: queued, callback ran */
@@ -64,7 +65,6 @@ typedef struct inflight {
 	int dev;                   /* whose context owns end */
 	desc_buf *buf;
 	kvs_cuda_engine *e;
-	struct inflight *next;
 } inflight;
 
 struct kvs_cuda_map {
@@ -96,7 +96,7 @@ struct kvs_cuda_stream {
 
 struct kvs_cuda_engine {
 	const kvs_cuda_api *cu;
-	int efd;
+	kvs_cq *cq;
 	int n_dev;
 	CUdevice dev[MAX_DEV];
 	CUcontext ctx[MAX_DEV];
@@ -117,7 +117,6 @@ struct kvs_cuda_engine {
 	uint64_t dma_min;
 	uint64_t stage_bytes, stage_min; /* per registration; mean host extent */
 	pthread_mutex_t mu;
-	inflight *done; /* guarded by mu: host callbacks push here */
 	kvs_cuda_stats st;
 	atomic_uint_fast64_t pinned;
 };
@@ -150,7 +149,7 @@ static void *pin_main(void *arg)
 	return NULL;
 }
 
-int kvs_cuda_engine_create(int efd, void *arena, uint64_t arena_size, const kvs_cuda_opts *opts,
+int kvs_cuda_engine_create(kvs_cq *cq, void *arena, uint64_t arena_size, const kvs_cuda_opts *opts,
 			   kvs_cuda_engine **ret, char *err, size_t errlen)
 {
 	const kvs_cuda_api *cu = kvs_cuda();
@@ -162,7 +161,7 @@ int kvs_cuda_engine_create(int efd, void *arena, uint64_t arena_size, const kvs_
 	if (!e)
 		return -ENOMEM;
 	e->cu = cu;
-	e->efd = efd;
+	e->cq = cq;
 	e->arena = arena;
 	e->arena_size = arena_size;
 	pthread_mutex_init(&e->mu, NULL);
@@ -541,18 +540,14 @@ static bool stage_ready(kvs_cuda_engine *e, kvs_cuda_stream *s)
 	return true;
 }
 
+static void inflight_done(kvs_cq_item *it);
+
 static void CUDA_CB host_done(void *arg)
 {
 	inflight *f = arg;
 	kvs_cuda_engine *e = f->e;
 	f->t_done = kvs_now_ns();
-	pthread_mutex_lock(&e->mu);
-	f->next = e->done;
-	e->done = f;
-	pthread_mutex_unlock(&e->mu);
-	uint64_t one = 1;
-	ssize_t w = write(e->efd, &one, sizeof(one));
-	(void)w;
+	kvs_cq_post(e->cq, &f->cq);
 }
 
 /* Is [p, p+len) host memory of the arena inside pinned slices? */
@@ -885,13 +880,13 @@ void kvs_cuda_submit(kvs_cuda_engine *e, kvs_cuda_stream *s, kvs_copy_task **tas
 				continue; /* the job deadline aborts it */
 			}
 			one[0] = tasks[i];
-			*g = (inflight){.tasks = one, .n_tasks = 1, .e = e};
+			*g = (inflight){.cq.done = inflight_done, .tasks = one, .n_tasks = 1, .e = e};
 			host_done(g);
 		}
 		return;
 	}
 	memcpy(own, tasks, nt * sizeof(*own));
-	*f = (inflight){.tasks = own, .n_tasks = nt, .e = e};
+	*f = (inflight){.cq.done = inflight_done, .tasks = own, .n_tasks = nt, .e = e};
 	uint64_t t0 = kvs_now_ns();
 	if (use(e, s->dev) != 0) {
 		r = CUDA_ERROR_INVALID_CONTEXT;
@@ -969,35 +964,27 @@ fail:
 	host_done(f);
 }
 
-kvs_copy_task *kvs_cuda_reap(kvs_cuda_engine *e)
+/* A part's callback ran (completion queue, main loop): release what the part
+ * held in the engine, then hand each task to its submitter. */
+static void inflight_done(kvs_cq_item *it)
 {
-	pthread_mutex_lock(&e->mu);
-	inflight *f = e->done;
-	e->done = NULL;
-	pthread_mutex_unlock(&e->mu);
-	kvs_copy_task *list = NULL;
-	while (f) {
-		inflight *next = f->next;
-		if (f->t_submit && f->t_done > f->t_submit) {
-			e->st.part_ns += f->t_done - f->t_submit;
-			e->st.parts++;
-		}
-		put_buf(e, f->buf);
-		if (f->end && use(e, f->dev) == 0)
-			CU(e, cuEventDestroy)(f->end);
-		if (f->h2d) {
-			f->h2d->h2d_staged--;
-			e->h2d_staged[f->h2d->dev]--;
-		}
-		for (uint32_t i = 0; i < f->n_tasks; i++) {
-			f->tasks[i]->next = list;
-			list = f->tasks[i];
-		}
-		free(f->tasks);
-		free(f);
-		f = next;
+	inflight *f = (inflight *)it; /* cq is the first member */
+	kvs_cuda_engine *e = f->e;
+	if (f->t_submit && f->t_done > f->t_submit) {
+		e->st.part_ns += f->t_done - f->t_submit;
+		e->st.parts++;
 	}
-	return list;
+	put_buf(e, f->buf);
+	if (f->end && use(e, f->dev) == 0)
+		CU(e, cuEventDestroy)(f->end);
+	if (f->h2d) {
+		f->h2d->h2d_staged--;
+		e->h2d_staged[f->h2d->dev]--;
+	}
+	for (uint32_t i = 0; i < f->n_tasks; i++)
+		f->tasks[i]->cq.done(&f->tasks[i]->cq);
+	free(f->tasks);
+	free(f);
 }
 
 void kvs_cuda_get_stats(kvs_cuda_engine *e, kvs_cuda_stats *st)

@@ -1,9 +1,10 @@
 /* The CUDA copy engine: imports of cuMem allocations exported by ranks as
  * POSIX fds, one stream per registration, the gather/scatter kernel between
  * imported device memory and the pinned, device-mapped L1 arena, completions
- * through cuLaunchHostFunc writing the loop's eventfd. All calls come from
- * the main loop; only the host callbacks run elsewhere (driver thread), and
- * they touch nothing but the done list. A CUDA failure fails the task (the
+ * through cuLaunchHostFunc posting to the loop's completion queue. All calls
+ * come from the main loop; only the host callbacks run elsewhere (driver
+ * thread), and they do nothing but post. Built without CUDA headers,
+ * copy_cuda_none.c stands in: no engine is ever created. A CUDA failure fails the task (the
  * job part gets E_DEVICE), never the server. */
 #ifndef KVS_COPY_CUDA_H
 #define KVS_COPY_CUDA_H
@@ -27,7 +28,7 @@ typedef struct kvs_cuda_opts {
 	uint64_t stage_min;   /* mean L1 run from which a part is staged */
 } kvs_cuda_opts;
 
-int kvs_cuda_engine_create(int efd, void *arena, uint64_t arena_size, const kvs_cuda_opts *opts,
+int kvs_cuda_engine_create(kvs_cq *cq, void *arena, uint64_t arena_size, const kvs_cuda_opts *opts,
 			   kvs_cuda_engine **ret, char *err, size_t errlen);
 void kvs_cuda_engine_destroy(kvs_cuda_engine *e);
 /* "kernel (PTX)" or "cuMemcpyBatchAsync" or "cuMemcpyAsync": what copies. */
@@ -68,10 +69,10 @@ void kvs_cuda_stream_destroy(kvs_cuda_engine *e, kvs_cuda_stream *s);
  * staging slots, DMA between the slots and L1; others go as one kernel
  * launch over pinned L1 (long device runs by DMA). A part writing device
  * memory starts after the registration's previous part. The tasks complete
- * together through kvs_cuda_reap. */
+ * together: when the part's callback has run, each task's cq.done is called
+ * on the loop. */
 void kvs_cuda_submit(kvs_cuda_engine *e, kvs_cuda_stream *s, kvs_copy_task **tasks, uint32_t n,
 		     const void *event, size_t event_len);
-kvs_copy_task *kvs_cuda_reap(kvs_cuda_engine *e);
 
 typedef struct kvs_cuda_stats {
 	uint64_t tasks, kernel_launches, dma_copies, fallback_copies, errors, pinned_bytes;

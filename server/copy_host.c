@@ -15,9 +15,8 @@ struct kvs_copy_pool {
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
 	kvs_copy_task *q_head, *q_tail; /* queued; guarded by mu */
-	kvs_copy_task *done;            /* finished; guarded by mu */
 	bool stop;
-	int efd;
+	kvs_cq *cq;
 	unsigned n;
 	pthread_t *thr;
 	atomic_uint_fast64_t bytes;
@@ -89,18 +88,14 @@ static void *worker(void *arg)
 		for (uint32_t i = 0; i < t->n_segs && !r; i++)
 			total += t->segs[i].len;
 		atomic_fetch_add_explicit(&p->bytes, total, memory_order_relaxed);
+		kvs_cq_post(p->cq, &t->cq);
 		pthread_mutex_lock(&p->mu);
-		t->next = p->done;
-		p->done = t;
-		uint64_t one = 1;
-		ssize_t w = write(p->efd, &one, sizeof(one));
-		(void)w;
 	}
 	pthread_mutex_unlock(&p->mu);
 	return NULL;
 }
 
-int kvs_copy_pool_create(unsigned n, int efd, kvs_copy_pool **ret)
+int kvs_copy_pool_create(unsigned n, kvs_cq *cq, kvs_copy_pool **ret)
 {
 	static pthread_once_t once = PTHREAD_ONCE_INIT;
 	pthread_once(&once, install_guard);
@@ -114,7 +109,7 @@ int kvs_copy_pool_create(unsigned n, int efd, kvs_copy_pool **ret)
 	}
 	pthread_mutex_init(&p->mu, NULL);
 	pthread_cond_init(&p->cv, NULL);
-	p->efd = efd;
+	p->cq = cq;
 	for (p->n = 0; p->n < n; p->n++) {
 		int e = pthread_create(&p->thr[p->n], NULL, worker, p);
 		if (e) {
@@ -153,15 +148,6 @@ void kvs_copy_pool_submit(kvs_copy_pool *p, kvs_copy_task *t)
 	p->q_tail = t;
 	pthread_cond_signal(&p->cv);
 	pthread_mutex_unlock(&p->mu);
-}
-
-kvs_copy_task *kvs_copy_pool_reap(kvs_copy_pool *p)
-{
-	pthread_mutex_lock(&p->mu);
-	kvs_copy_task *t = p->done;
-	p->done = NULL;
-	pthread_mutex_unlock(&p->mu);
-	return t;
 }
 
 uint64_t kvs_copy_pool_bytes(kvs_copy_pool *p) { return atomic_load(&p->bytes); }

@@ -1,6 +1,6 @@
 /* Jobs: per-rank store/retrieve parts, completion, commit/abort, source-block
- * retention, the bounded table of terminal ids, and lookup over the L1 tier.
- * Main-loop thread only. */
+ * retention and the bounded table of terminal ids. Planning is plan.c's,
+ * promotions promote.c's, lookup lookup.c's. Main-loop thread only. */
 #ifndef KVS_JOBS_H
 #define KVS_JOBS_H
 
@@ -16,14 +16,13 @@ int kvs_jobs_create(kvs_server *srv, kvs_jobs **ret);
 void kvs_jobs_destroy(kvs_server *srv, kvs_jobs *j);
 
 void kvs_jobs_tick(kvs_server *srv);
-void kvs_jobs_completions(kvs_server *srv);
 void kvs_jobs_session_gone(kvs_server *srv, kvs_session *s);
 uint64_t kvs_jobs_pending(kvs_server *srv, kvs_session *s);
 
-/* A registration succeeded: persist its namespace geometry in L2 so that
- * lookups after a restart work before ranks re-register. */
-struct kvs_reg;
-void kvs_jobs_registered(kvs_server *srv, const struct kvs_reg *g);
+int kvs__op_store(kvs_server *srv, kvs_session *s, const kvs_msg *rq);
+int kvs__op_retrieve(kvs_server *srv, kvs_session *s, const kvs_msg *rq);
+int kvs__op_complete(kvs_server *srv, kvs_session *s, const kvs_msg *rq);
+int kvs__op_job_status(kvs_server *srv, kvs_session *s, const kvs_msg *rq);
 
 uint64_t kvs_jobs_open(const kvs_jobs *j);
 /* Is job id of this engine open, or remembered as terminal? (A draining
@@ -32,12 +31,10 @@ bool kvs_jobs_known(const kvs_jobs *j, const char *engine, uint64_t id);
 uint64_t kvs_jobs_retained(const kvs_jobs *j);
 
 typedef struct kvs_jobs_stats {
-	uint64_t committed, aborted, terminal_entries, lookups, lookup_hits, lookup_keys;
+	uint64_t committed, aborted, terminal_entries;
 	uint64_t store_objects, store_skipped, store_staged, retrieve_objects, copy_bytes;
 	uint64_t copy_bytes_dir[2][2]; /* [0 store (device->L1) / 1 retrieve][0 host / 1 cuda] */
-	uint64_t pins;
 	uint64_t parts, part_ns; /* store/retrieve parts accepted; loop time doing so */
-	uint64_t promotions, promotion_failures, prefetches, lookup_hits_l2;
 } kvs_jobs_stats;
 void kvs_jobs_get_stats(const kvs_jobs *j, kvs_jobs_stats *st);
 

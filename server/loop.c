@@ -4,6 +4,9 @@
  * threads that report back through the eventfd. */
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <sys/mman.h>
 #include <sodium.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -20,9 +23,20 @@
 #include "kvs_time.h"
 #include "server.h"
 #include "events.h"
+#include "kvs_cq.h"
 #include "admin.h"
 #include "metrics.h"
-#include "ops.h"
+#include "copy_host.h"
+#include "copy_cuda.h"
+#include "jobs.h"
+#include "kvs_l1.h"
+#include "kvs_l2.h"
+#include "lookup.h"
+#include "promote.h"
+#include "registry.h"
+#include "reply.h"
+#include "session.h"
+#include "stats.h"
 
 void kvs_server_config_defaults(kvs_server_config *cfg)
 {
@@ -52,99 +66,143 @@ void kvs_server_config_defaults(kvs_server_config *cfg)
 	cfg->cuda_stage_min = 512ull << 10;
 }
 
-int kvs__fail(kvs_server *srv, int code, const char *fmt, ...)
-{
-	va_list ap;
-	va_start(ap, fmt);
-	vsnprintf(srv->errbuf, sizeof(srv->errbuf), fmt, ap);
-	va_end(ap);
-	return code;
-}
+/* ---- the data-path modules ---------------------------------------------- */
 
-static void free_frame(void *data, void *hint)
+/* Faults the L1 arena in, slice by slice, off the main loop: fresh arena
+ * pages would otherwise be faulted (and zeroed) by the copy threads on the
+ * first store into them. Stops early at shutdown. */
+static void *prefault_main(void *arg)
 {
-	(void)hint;
-	free(data);
-}
-
-static void send_frames(kvs_server *srv, const void *ident, size_t ident_len, void *buf, size_t len)
-{
-	if (zmq_send(srv->router, ident, ident_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0) {
-		free(buf);
-		return;
+	kvs_server *srv = arg;
+	uint64_t size;
+	uint8_t *base = kvs_l1_arena(srv->l1, &size);
+	const uint64_t slice = 64ull << 20;
+	for (uint64_t off = 0; off < size && !atomic_load(&srv->prefault_stop); off += slice) {
+		uint64_t n = size - off < slice ? size - off : slice;
+		if (madvise(base + off, n, MADV_POPULATE_WRITE) != 0)
+			break; /* kernel without it: pages fault in on first use */
+		atomic_fetch_add(&srv->prefaulted, n);
 	}
-	zmq_msg_t m;
-	/* zero copy: ZeroMQ frees buf once sent */
-	if (zmq_msg_init_data(&m, buf, len, free_frame, NULL) != 0) {
-		free(buf);
-		zmq_send(srv->router, "", 0, ZMQ_DONTWAIT);
-		return;
+	return NULL;
+}
+
+/* L1 made room by dropping a chunk: KV-event subscribers learn it. */
+static void l1_evicted(const kvs_objkey *key, void *arg)
+{
+	kvs_server *srv = arg;
+	kvs_events_removed(srv->events, key, KVS_TIER_EV_L1);
+}
+
+/* An L2 request ended, or L2 evicted an object (completion queue). */
+static void l2_done(void *arg, const kvs_l2_done *d)
+{
+	kvs_server *srv = arg;
+	if (d->op == KVS_L2_EVICTED) {
+		kvs_events_removed(srv->events, &d->key, KVS_TIER_EV_L2);
+	} else if (d->op == KVS_L2_WRITE) {
+		if (d->result == 0)
+			kvs_events_stored(srv->events, &d->key, 0, KVS_TIER_EV_L2);
+		kvs_l1_unpin(srv->l1, d->cookie); /* written (or dropped): the write-behind pin */
+	} else if (d->op == KVS_L2_READ) {
+		kvs_promote_done(srv->promote, d->cookie, d->result);
 	}
-	if (zmq_msg_send(&m, srv->router, ZMQ_DONTWAIT) < 0)
-		zmq_msg_close(&m);
 }
 
-void kvs__reply(kvs_server *srv, const void *ident, size_t ident_len, kvs_msg *rep)
+/* Creates the data-path modules in dependency order (L1, registry, CUDA
+ * engine, host pool, L2, jobs); unwinds on failure. */
+static int modules_init(kvs_server *srv)
 {
-	void *buf;
-	size_t len;
-	rep->is_reply = true;
-	memcpy(rep->epoch, srv->epoch, KVS_EPOCH_BYTES);
-	int r = kvs_proto_encode(rep, &buf, &len);
-	if (r < 0) {
-		kvs_err("cannot encode %s reply: %s", kvs_op_name(rep->op), kvs_strerror(r));
-		kvs_msg e = {.op = rep->op, .id = rep->id, .is_reply = true, .ok = false,
-			     .code = KVS_E_INTERNAL, .errmsg = kvs_str_c("reply could not be encoded")};
-		memcpy(e.epoch, srv->epoch, KVS_EPOCH_BYTES);
-		if (kvs_proto_encode(&e, &buf, &len) < 0)
-			return;
-		srv->st.errors[KVS_E_INTERNAL - KVS_E_BASE]++;
+	int r;
+	kvs_l1_config l1c = {.size = srv->cfg.l1_size, .on_evict = l1_evicted, .evict_arg = srv};
+	if ((r = kvs_l1_create(&l1c, &srv->l1)) < 0) {
+		kvs_err("cannot create the L1 arena of %llu bytes: %s", (unsigned long long)l1c.size,
+			kvs_strerror(r));
+		return r;
 	}
-	send_frames(srv, ident, ident_len, buf, len);
+	if ((r = kvs_registry_create(&srv->reg)) < 0)
+		goto err_l1;
+	uint64_t asz;
+	void *arena = kvs_l1_arena(srv->l1, &asz);
+	char why[160] = "";
+	kvs_cuda_opts co = {.stage_bytes = srv->cfg.cuda_staging, .stage_min = srv->cfg.cuda_stage_min};
+	if (kvs_cuda_engine_create(srv->cq, arena, asz, &co, &srv->cuda, why, sizeof(why)) != 0) {
+		srv->cuda = NULL;
+		kvs_info("CUDA engine: not available (%s); host engine only", why);
+	}
+	kvs_registry_set_cuda(srv->reg, srv->cuda);
+	if ((r = kvs_copy_pool_create(srv->cfg.copy_threads, srv->cq, &srv->pool)) < 0)
+		goto err_reg;
+	if (srv->cfg.l2_path[0]) {
+		kvs_l2_config l2c;
+		kvs_l2_config_defaults(&l2c);
+		l2c.path = srv->cfg.l2_path;
+		l2c.size = srv->cfg.l2_size;
+		l2c.sync = srv->cfg.l2_sync;
+		l2c.cq = srv->cq;
+		l2c.on_done = l2_done;
+		l2c.done_arg = srv;
+		l2c.report_evictions = srv->cfg.kv_events[0] != 0; /* for KV-event subscribers */
+		if ((r = kvs_l2_open(&l2c, &srv->l2)) < 0)
+			goto err_pool;
+	}
+	if ((r = kvs_promote_create(srv->l1, srv->l2, &srv->promote)) < 0)
+		goto err_l2;
+	if ((r = kvs_lookup_create(&srv->lookup)) < 0)
+		goto err_promote;
+	if ((r = kvs_jobs_create(srv, &srv->jobs)) < 0)
+		goto err_lookup;
+	kvs_info("host copy engine: %u threads", srv->cfg.copy_threads);
+	if (srv->cfg.l1_prefault && pthread_create(&srv->prefault, NULL, prefault_main, srv) == 0)
+		srv->prefault_started = true;
+	return 0;
+err_lookup:
+	kvs_lookup_destroy(srv, srv->lookup);
+	srv->lookup = NULL;
+err_promote:
+	kvs_promote_destroy(srv->promote);
+	srv->promote = NULL;
+err_l2:
+	kvs_l2_close(srv->l2);
+	srv->l2 = NULL;
+err_pool:
+	kvs_copy_pool_destroy(srv->pool);
+	srv->pool = NULL;
+err_reg:
+	kvs_registry_destroy(srv->reg);
+	srv->reg = NULL;
+	kvs_cuda_engine_destroy(srv->cuda);
+	srv->cuda = NULL;
+err_l1:
+	kvs_l1_destroy(srv->l1);
+	srv->l1 = NULL;
+	return r;
 }
 
-static void vreply_err(kvs_server *srv, const void *ident, size_t ident_len, kvs_op op, uint64_t id,
-		       int code, const char *fmt, va_list ap)
+static void modules_fini(kvs_server *srv)
 {
-	char text[KVS_MAX_ERRMSG];
-	vsnprintf(text, sizeof(text), fmt, ap);
-	if (!kvs_error_is_project(code))
-		code = KVS_E_INTERNAL;
-	srv->st.errors[code - KVS_E_BASE]++;
-	srv->st.errors_by_op[op > KVS_OP_NONE && op < KVS_OP_COUNT_ ? op : KVS_OP_NONE][code - KVS_E_BASE]++;
-	kvs_msg e = {.op = op, .id = id, .ok = false, .code = code,
-		     .errmsg = kvs_str_c(text)};
-	kvs_dbg("reply %s id=%llu %s: %s", kvs_op_name(op), (unsigned long long)id,
-		kvs_error_name(code), text);
-	kvs__reply(srv, ident, ident_len, &e);
-}
-
-void kvs__reply_err(kvs_server *srv, const void *ident, size_t ident_len, kvs_op op, uint64_t id,
-		    int code, const char *fmt, ...)
-{
-	va_list ap;
-	va_start(ap, fmt);
-	vreply_err(srv, ident, ident_len, op, id, code, fmt, ap);
-	va_end(ap);
-}
-
-void kvs__send_to_session(kvs_server *srv, uint64_t session, kvs_msg *msg)
-{
-	kvs_session *s = kvs__session_get(srv, session);
-	if (s)
-		kvs__reply(srv, s->ident, s->ident_len, msg);
-}
-
-void kvs__err_to_session(kvs_server *srv, uint64_t session, kvs_op op, uint64_t id, int code,
-			 const char *fmt, ...)
-{
-	kvs_session *s = kvs__session_get(srv, session);
-	if (!s)
-		return;
-	va_list ap;
-	va_start(ap, fmt);
-	vreply_err(srv, s->ident, s->ident_len, op, id, code, fmt, ap);
-	va_end(ap);
+	if (srv->prefault_started) {
+		atomic_store(&srv->prefault_stop, true);
+		pthread_join(srv->prefault, NULL);
+		srv->prefault_started = false;
+	}
+	if (srv->jobs)
+		kvs_jobs_destroy(srv, srv->jobs); /* waits for running copies and promotions */
+	srv->jobs = NULL;
+	kvs_lookup_destroy(srv, srv->lookup); /* unpins: before L1 goes */
+	srv->lookup = NULL;
+	kvs_promote_destroy(srv->promote);
+	srv->promote = NULL;
+	kvs_copy_pool_destroy(srv->pool);
+	srv->pool = NULL;
+	/* queued L2 writes still read L1 memory: close L2 before L1 goes */
+	kvs_l2_close(srv->l2);
+	srv->l2 = NULL;
+	kvs_registry_destroy(srv->reg);
+	srv->reg = NULL;
+	kvs_cuda_engine_destroy(srv->cuda); /* unpins L1: after every import is gone */
+	srv->cuda = NULL;
+	kvs_l1_destroy(srv->l1);
+	srv->l1 = NULL;
 }
 
 /* ---- request dispatch --------------------------------------------------- */
@@ -276,7 +334,6 @@ int kvs_server_create(const kvs_server_config *cfg, kvs_server **ret)
 	srv->cfg = *cfg;
 	srv->broker_fd = -1;
 	srv->spare_fd = -1;
-	srv->efd = -1;
 	if (sodium_init() < 0) {
 		r = -EIO;
 		goto err_free;
@@ -287,14 +344,11 @@ int kvs_server_create(const kvs_server_config *cfg, kvs_server **ret)
 		goto err_free;
 	if ((r = kvs_htab_create(16, offsetof(kvs_parked, token), &srv->parked)) < 0)
 		goto err_sessions;
-	srv->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-	if (srv->efd < 0) {
-		r = -errno;
+	if ((r = kvs_cq_create(&srv->cq)) < 0)
 		goto err_parked;
-	}
 	if ((r = kvs__broker_open(srv)) < 0)
 		goto err_efd;
-	if ((r = kvs__ops_init(srv)) < 0)
+	if ((r = modules_init(srv)) < 0)
 		goto err_broker;
 
 	srv->zctx = zmq_ctx_new();
@@ -347,11 +401,11 @@ err_router:
 err_ctx:
 	zmq_ctx_term(srv->zctx);
 err_ops:
-	kvs__ops_fini(srv);
+	modules_fini(srv);
 err_broker:
 	kvs__broker_close(srv);
 err_efd:
-	close(srv->efd);
+	kvs_cq_destroy(srv->cq);
 err_parked:
 	kvs_htab_destroy(srv->parked);
 err_sessions:
@@ -374,7 +428,7 @@ void kvs_server_destroy(kvs_server *srv)
 		kvs__session_close(srv, s, "server shutdown");
 		pos = 0;
 	}
-	kvs__ops_fini(srv);
+	modules_fini(srv);
 	kvs__broker_close(srv);
 	if (srv->router) {
 		if (strncmp(srv->endpoint, "ipc://", 6) == 0)
@@ -384,17 +438,19 @@ void kvs_server_destroy(kvs_server *srv)
 	kvs_events_close(srv->events);
 	if (srv->zctx)
 		zmq_ctx_term(srv->zctx);
-	close(srv->efd);
+	kvs_cq_destroy(srv->cq);
 	kvs_htab_destroy(srv->parked);
 	kvs_htab_destroy(srv->sessions);
 	free(srv);
 }
 
-static void tick(kvs_server *srv)
+void kvs__server_tick(kvs_server *srv)
 {
 	kvs__sessions_reap(srv);
 	kvs__broker_expire(srv);
-	kvs__ops_tick(srv);
+	kvs_jobs_tick(srv);
+	kvs_lookup_tick(srv);
+	kvs_registry_tick(srv);
 	kvs__admin_tick(srv);
 	kvs__metrics_tick(srv); /* publish counters + sign of life for /healthz */
 	kvs_events_flush(srv->events); /* one KV-event batch per tick */
@@ -409,6 +465,8 @@ static uint64_t thread_cpu_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+void kvs__server_completions(kvs_server *srv) { kvs_cq_run(srv->cq); }
+
 int kvs_server_run(kvs_server *srv, int sigfd)
 {
 	uint64_t next_tick = 0;
@@ -417,7 +475,7 @@ int kvs_server_run(kvs_server *srv, int sigfd)
 		int n = 0;
 		items[n++] = (zmq_pollitem_t){.socket = srv->router, .events = ZMQ_POLLIN};
 		items[n++] = (zmq_pollitem_t){.fd = srv->broker_fd, .events = ZMQ_POLLIN};
-		items[n++] = (zmq_pollitem_t){.fd = srv->efd, .events = ZMQ_POLLIN};
+		items[n++] = (zmq_pollitem_t){.fd = kvs_cq_fd(srv->cq), .events = ZMQ_POLLIN};
 		items[n++] = (zmq_pollitem_t){.fd = sigfd, .events = ZMQ_POLLIN};
 		void *replay = kvs_events_replay_socket(srv->events);
 		if (replay)
@@ -443,10 +501,7 @@ int kvs_server_run(kvs_server *srv, int sigfd)
 				}
 			}
 			if (items[2].revents & ZMQ_POLLIN) {
-				uint64_t v;
-				if (read(srv->efd, &v, sizeof(v)) < 0 && errno != EAGAIN)
-					kvs_warn("eventfd read: %s", strerror(errno));
-				kvs__ops_completions(srv);
+				kvs__server_completions(srv);
 			}
 			if (items[0].revents & ZMQ_POLLIN)
 				router_ready(srv);
@@ -460,7 +515,7 @@ int kvs_server_run(kvs_server *srv, int sigfd)
 				kvs_events_replay(srv->events);
 		}
 		if (srv->now_ms >= next_tick) {
-			tick(srv);
+			kvs__server_tick(srv);
 			next_tick = srv->now_ms + KVS_TICK_MS;
 		}
 		srv->busy_ns += thread_cpu_ns() - busy0;

@@ -23,7 +23,7 @@
 #include "kvs_config.h"
 #include "kvs_log.h"
 #include "kvs_time.h"
-#include "ops.h"
+#include "stats.h"
 #include "server.h"
 
 struct kvs_metrics {
@@ -489,8 +489,8 @@ void kvs__metrics_init(kvs_server *srv)
 			kvs_strerror(r));
 		return;
 	}
-	kvs_info("metrics on http://%s (port %u): /metrics /healthz /readyz", spec,
-		 kvs_metrics_port(srv->metrics));
+	srv->metrics_port = kvs_metrics_port(srv->metrics);
+	kvs_info("metrics on http://%s (port %u): /metrics /healthz /readyz", spec, srv->metrics_port);
 	kvs__metrics_tick(srv); /* /healthz is green from the start */
 }
 
@@ -544,6 +544,5 @@ void kvs__metrics_fini(kvs_server *srv)
 {
 	kvs_metrics_stop(srv->metrics);
 	srv->metrics = NULL;
+	srv->metrics_port = 0;
 }
-
-unsigned kvs__metrics_port(const kvs_server *srv) { return kvs_metrics_port(srv->metrics); }

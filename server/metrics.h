@@ -68,7 +68,5 @@ void kvs__metrics_init(struct kvs_server *srv);
 /* Publishes the counters; called from the loop's tick. */
 void kvs__metrics_tick(struct kvs_server *srv);
 void kvs__metrics_fini(struct kvs_server *srv);
-/* The bound port, 0 when metrics are off. */
-unsigned kvs__metrics_port(const struct kvs_server *srv);
 
 #endif

@@ -13,18 +13,18 @@
 #include <unistd.h>
 
 #define KVS_LOG_COMPONENT "registry"
+#include "kvs_l2.h"
 #include "kvs_log.h"
-#include "jobs.h"
-#include "ops.h"
-#if KVS_HAVE_CUDA
+#include "keys.h"
+#include "reply.h"
 #include "copy_cuda.h"
-#endif
+#include "import.h"
 
 struct kvs_registry {
 	struct kvs_cuda_engine *cuda;
 	kvs_htab *regs;    /* kvs_reg by id */
-	kvs_htab *imports; /* kvs_import by key */
-	uint64_t aliases;  /* sum of (refs - 1) over imports */
+	kvs_htab *live;    /* the live (not dead) kvs_reg of each session, by session id */
+	kvs_imports *imports;
 };
 
 int kvs_registry_create(kvs_registry **ret)
@@ -34,8 +34,11 @@ int kvs_registry_create(kvs_registry **ret)
 		return -ENOMEM;
 	int e = kvs_htab_create(sizeof(uint64_t), offsetof(kvs_reg, id), &r->regs);
 	if (e == 0)
-		e = kvs_htab_create(33, offsetof(kvs_import, key), &r->imports);
+		e = kvs_imports_create(&r->imports);
+	if (e == 0)
+		e = kvs_htab_create(sizeof(uint64_t), offsetof(kvs_reg, session), &r->live);
 	if (e) {
+		kvs_imports_destroy(r->imports);
 		kvs_htab_destroy(r->regs);
 		free(r);
 		return e;
@@ -44,39 +47,19 @@ int kvs_registry_create(kvs_registry **ret)
 	return 0;
 }
 
-void kvs_registry_set_cuda(kvs_registry *r, struct kvs_cuda_engine *e) { r->cuda = e; }
-
-static void import_unref(kvs_registry *r, kvs_import *imp)
+void kvs_registry_set_cuda(kvs_registry *r, struct kvs_cuda_engine *e)
 {
-	if (--imp->refs > 0) {
-		r->aliases--;
-		return;
-	}
-	/* teardown order: no copy runs (leases drained) -> unmap -> close */
-	kvs_htab_del(r->imports, imp->key);
-#if KVS_HAVE_CUDA
-	if (imp->cmap) {
-		kvs_cuda_unimport(r->cuda, imp->cmap); /* sync -> unmap -> free VA -> release */
-		free(imp);
-		return;
-	}
-#endif
-	munmap(imp->base, imp->size);
-	close(imp->fd);
-	free(imp);
+	r->cuda = e;
+	kvs_imports_set_cuda(r->imports, e);
 }
 
 static void spans_free(kvs_registry *r, kvs_span *spans, uint32_t n)
 {
 	for (uint32_t i = 0; i < n; i++) {
-#if KVS_HAVE_CUDA
 		if (spans[i].cspan) {
 			kvs_cuda_span_unmap(r->cuda, spans[i].cspan);
 			continue;
 		}
-#else
-		(void)r;
-#endif
 		munmap(spans[i].base, spans[i].size);
 	}
 	free(spans);
@@ -84,12 +67,10 @@ static void spans_free(kvs_registry *r, kvs_span *spans, uint32_t n)
 
 static void reg_free(kvs_registry *r, kvs_reg *g)
 {
-#if KVS_HAVE_CUDA
-	kvs_cuda_stream_destroy(r->cuda, g->stream); /* synchronizes first */
-#endif
+	kvs_cuda_stream_destroy(r->cuda, g->stream);
 	spans_free(r, g->spans, g->n_spans); /* before the imports they map */
 	for (uint32_t i = 0; i < g->n_imports; i++)
-		import_unref(r, g->imports[i]);
+		kvs_import_release(r->imports, g->imports[i]);
 	for (uint32_t i = 0; i < g->n_groups; i++)
 		free(g->groups[i].layers);
 	free(g->groups);
@@ -98,12 +79,18 @@ static void reg_free(kvs_registry *r, kvs_reg *g)
 	free(g);
 }
 
+/* A registration dies: unreachable for new job parts from now on. */
+static void reg_kill(kvs_registry *r, kvs_reg *g)
+{
+	if (!g->dead && kvs_htab_get(r->live, &g->session) == g)
+		kvs_htab_del(r->live, &g->session);
+	g->dead = true;
+}
+
 static void reg_release(kvs_server *srv, kvs_reg *g)
 {
+	reg_kill(srv->reg, g);
 	kvs_htab_del(srv->reg->regs, &g->id);
-	kvs_session *s = kvs__session_get(srv, g->session);
-	if (s && s->n_regs)
-		s->n_regs--;
 	kvs_dbg("registration %llu released", (unsigned long long)g->id);
 	reg_free(srv->reg, g);
 }
@@ -119,19 +106,12 @@ void kvs_registry_destroy(kvs_registry *r)
 		reg_free(r, g);
 	}
 	kvs_htab_destroy(r->regs);
-	kvs_htab_destroy(r->imports);
+	kvs_htab_destroy(r->live);
+	kvs_imports_destroy(r->imports);
 	free(r);
 }
 
-kvs_reg *kvs_registry_of_session(kvs_registry *r, uint64_t session)
-{
-	size_t pos = 0;
-	kvs_reg *g;
-	while ((g = kvs_htab_next(r->regs, &pos)) != NULL)
-		if (g->session == session && !g->dead)
-			return g;
-	return NULL;
-}
+kvs_reg *kvs_registry_of_session(kvs_registry *r, uint64_t session) { return kvs_htab_get(r->live, &session); }
 
 kvs_reg *kvs_registry_find_ns(kvs_registry *r, const char *ns, uint32_t world)
 {
@@ -157,8 +137,99 @@ void kvs_reg_unlease(kvs_server *srv, kvs_reg *g)
 }
 
 uint64_t kvs_registry_count(const kvs_registry *r) { return kvs_htab_count(r->regs); }
-uint64_t kvs_registry_imports(const kvs_registry *r) { return kvs_htab_count(r->imports); }
-uint64_t kvs_registry_aliases(const kvs_registry *r) { return r->aliases; }
+uint64_t kvs_registry_imports(const kvs_registry *r) { return kvs_imports_count(r->imports); }
+uint64_t kvs_registry_aliases(const kvs_registry *r) { return kvs_imports_aliases(r->imports); }
+
+/* ---- namespace geometry ------------------------------------------------------
+ * What lookups need to know of a namespace and world (its groups' kinds,
+ * windows, object sizes and layout fingerprints), persisted in L2 so that
+ * lookups after a restart work before ranks re-register. The record is
+ * versioned: a record of another version or length is ignored (lookups then
+ * wait for a registration). Layout (little-endian, as the host writes it):
+ * magic u32 "KVSG", version u32, n u32, pad u32, then n entries of
+ * {id u32, kind u32, window i64, geom u64, obj_bytes u64}. */
+#define GEO_MAGIC 0x4753564bu /* "KVSG" */
+#define GEO_VERSION 1u
+
+typedef struct geo_record {
+	uint32_t magic, version, n, pad;
+	struct {
+		uint32_t id, kind;
+		int64_t window;
+		uint64_t geom, obj_bytes;
+	} g[KVS_MAX_GROUPS];
+} geo_record;
+
+static void geo_from_reg(const kvs_reg *g, kvs_geo *geo)
+{
+	memset(geo, 0, sizeof(*geo));
+	geo->n = g->n_groups;
+	for (uint32_t i = 0; i < g->n_groups; i++) {
+		geo->g[i].id = g->groups[i].desc.id;
+		geo->g[i].kind = g->groups[i].desc.kind;
+		geo->g[i].window = g->groups[i].desc.window_chunks;
+		geo->g[i].geom = g->groups[i].geom;
+		geo->g[i].obj_bytes = g->groups[i].obj_bytes;
+	}
+}
+
+static void geo_key(uint8_t out[20], const char *ns, uint32_t world)
+{
+	kvs_ns_digest(ns, out);
+	memcpy(out + 16, &world, 4);
+}
+
+static void persist_geometry(kvs_l2 *l2, const kvs_reg *g)
+{
+	if (!l2)
+		return;
+	kvs_geo geo;
+	geo_from_reg(g, &geo);
+	geo_record rec;
+	memset(&rec, 0, sizeof(rec));
+	rec.magic = GEO_MAGIC;
+	rec.version = GEO_VERSION;
+	rec.n = geo.n;
+	for (uint32_t i = 0; i < geo.n; i++) {
+		rec.g[i].id = geo.g[i].id;
+		rec.g[i].kind = geo.g[i].kind;
+		rec.g[i].window = geo.g[i].window;
+		rec.g[i].geom = geo.g[i].geom;
+		rec.g[i].obj_bytes = geo.g[i].obj_bytes;
+	}
+	uint8_t key[20];
+	geo_key(key, g->ns, g->world);
+	kvs_l2_put_meta(l2, key, sizeof(key), &rec, sizeof(rec));
+}
+
+bool kvs_registry_geometry(kvs_registry *r, kvs_l2 *l2, uint64_t session, const char *ns, uint32_t world,
+			   kvs_geo *geo)
+{
+	kvs_reg *g = kvs_registry_of_session(r, session);
+	if (!g)
+		g = kvs_registry_find_ns(r, ns, world);
+	if (g) {
+		geo_from_reg(g, geo);
+		return true;
+	}
+	uint8_t key[20];
+	uint32_t len = 0;
+	geo_record rec;
+	geo_key(key, ns, world);
+	if (!l2 || kvs_l2_get_meta(l2, key, sizeof(key), &rec, sizeof(rec), &len) != 0 || len != sizeof(rec) ||
+	    rec.magic != GEO_MAGIC || rec.version != GEO_VERSION || rec.n > KVS_MAX_GROUPS)
+		return false;
+	memset(geo, 0, sizeof(*geo));
+	geo->n = rec.n;
+	for (uint32_t i = 0; i < rec.n; i++) {
+		geo->g[i].id = rec.g[i].id;
+		geo->g[i].kind = rec.g[i].kind;
+		geo->g[i].window = rec.g[i].window;
+		geo->g[i].geom = rec.g[i].geom;
+		geo->g[i].obj_bytes = rec.g[i].obj_bytes;
+	}
+	return true;
+}
 
 /* ---- validation ----------------------------------------------------------- */
 
@@ -307,7 +378,6 @@ static int map_spans(kvs_server *srv, const kvs_msg *rq, kvs_import *const *imps
 		for (uint32_t j = h; j < e; j++)
 			s->size += rq->allocs[j].size;
 		if (rq->device.type == KVS_DEV_CUDA) {
-#if KVS_HAVE_CUDA
 			kvs_cuda_map *pieces[KVS_MAX_ALLOCS];
 			uint64_t sizes[KVS_MAX_ALLOCS];
 			for (uint32_t j = h; j < e; j++) {
@@ -320,10 +390,6 @@ static int map_spans(kvs_server *srv, const kvs_msg *rq, kvs_import *const *imps
 				goto fail;
 			}
 			s->base = kvs_cuda_span_base(s->cspan);
-#else
-			r = kvs__fail(srv, KVS_E_DEVICE, "no CUDA engine");
-			goto fail;
-#endif
 		} else {
 			uint8_t *va = mmap(NULL, s->size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
 			if (va == MAP_FAILED) {
@@ -396,139 +462,20 @@ static int op_register(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
 			goto err_claims;
 		}
 	}
-	/* import or alias each allocation */
+	/* import or alias each allocation (each claimed fd is consumed) */
 	for (i = 0; i < n; i++) {
-		uint8_t key[33];
-		key[0] = rq->device.type;
-		memcpy(key + 1, rq->device.uuid, 16);
-		memcpy(key + 17, rq->allocs[i].alloc_id, 16);
-		kvs_import *imp = kvs_htab_get(R->imports, key);
-#if KVS_HAVE_CUDA
-		if (rq->device.type == KVS_DEV_CUDA) {
-			if (imp) {
-				if (imp->size != rq->allocs[i].size) {
-					r = kvs__fail(srv, KVS_E_GEOMETRY, "allocations[%u]: already imported with another size", i);
-					goto err_imports;
-				}
-				imp->refs++;
-				R->aliases++;
-				imps[i] = imp;
-				continue;
-			}
-			imp = calloc(1, sizeof(*imp));
-			if (!imp) {
-				r = kvs__fail(srv, KVS_E_INTERNAL, "out of memory");
-				goto err_imports;
-			}
-			char why[160];
-			int e;
-			if (rq->allocs[i].ipc_handle.len) {
-				if (rq->allocs[i].ipc_handle.len != 64) {
-					free(imp);
-					r = kvs__fail(srv, KVS_E_BADMSG, "allocations[%u]: ipc_handle must be 64 bytes", i);
-					goto err_imports;
-				}
-				e = kvs_cuda_import_ipc(srv->cuda, rq->device.uuid, rq->allocs[i].ipc_handle.ptr,
-							rq->allocs[i].size, &imp->cmap, why, sizeof(why));
-			} else {
-				int fd = claimed[i]->fd;
-				claimed[i]->fd = -1; /* the import call closes it */
-				e = kvs_cuda_import(srv->cuda, rq->device.uuid, fd, rq->allocs[i].size, &imp->cmap, why,
-						    sizeof(why));
-			}
-			if (e) {
-				free(imp);
-				r = kvs__fail(srv, e, "allocations[%u]: %s", i, why);
-				goto err_imports;
-			}
-			memcpy(imp->key, key, sizeof(key));
-			imp->base = kvs_cuda_map_base(imp->cmap);
-			imp->size = rq->allocs[i].size;
-			imp->fd = -1;
-			imp->refs = 1;
-			if (kvs_htab_put(R->imports, imp) < 0) {
-				kvs_cuda_unimport(srv->cuda, imp->cmap);
-				free(imp);
-				r = kvs__fail(srv, KVS_E_INTERNAL, "out of memory");
-				goto err_imports;
-			}
-			imps[i] = imp;
-			fresh[i] = true;
-			continue;
-		}
-#endif
-		struct stat st;
-		if (fstat(claimed[i]->fd, &st) < 0) {
-			r = kvs__fail(srv, KVS_E_DEVICE, "allocations[%u]: fstat failed: %s", i, strerror(errno));
+		const kvs_alloc_desc *a = &rq->allocs[i];
+		kvs_import_req ir = {.dev_type = rq->device.type, .uuid = rq->device.uuid, .alloc_id = a->alloc_id,
+				     .size = a->size, .fd = claimed[i] ? claimed[i]->fd : -1,
+				     .ipc_handle = a->ipc_handle.len ? a->ipc_handle.ptr : NULL,
+				     .ipc_len = a->ipc_handle.len, .allow_unsealed = srv->cfg.allow_unsealed};
+		if (claimed[i])
+			claimed[i]->fd = -1;
+		char why[300];
+		if ((r = kvs_import_acquire(R->imports, &ir, &imps[i], &fresh[i], why, sizeof(why))) != 0) {
+			r = kvs__fail(srv, r, "allocations[%u]: %s", i, why);
 			goto err_imports;
 		}
-		if (imp) {
-			if (imp->size != rq->allocs[i].size) {
-				r = kvs__fail(srv, KVS_E_GEOMETRY, "allocations[%u]: already imported with another size", i);
-				goto err_imports;
-			}
-			if (imp->dev != st.st_dev || imp->ino != st.st_ino) {
-				r = kvs__fail(srv, KVS_E_AUTH, "allocations[%u]: alloc_id already names other memory", i);
-				goto err_imports;
-			}
-			imp->refs++;
-			R->aliases++;
-			imps[i] = imp;
-			continue;
-		}
-		int fd = claimed[i]->fd;
-		int seals = fcntl(fd, F_GET_SEALS);
-		if (seals < 0 || !S_ISREG(st.st_mode)) {
-			r = kvs__fail(srv, KVS_E_DEVICE, "allocations[%u]: fd is not a memfd", i);
-			goto err_imports;
-		}
-		/* a memfd shrunk under our mapping would SIGBUS the copy threads;
-		 * with allow-unsealed-memory the host engine guards its copies and
-		 * fails the one that meets a shrunk region instead */
-		bool unsealed = false;
-		if (!(seals & F_SEAL_SHRINK) && fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) < 0) {
-			if (!srv->cfg.allow_unsealed) {
-				r = kvs__fail(srv, KVS_E_DEVICE, "allocations[%u]: memfd cannot be sealed against "
-					      "shrinking (create it with MFD_ALLOW_SEALING and without F_SEAL_SEAL, or add "
-					      "F_SEAL_SHRINK; or start the server with allow-unsealed-memory)", i);
-				goto err_imports;
-			}
-			unsealed = true;
-		}
-		if ((uint64_t)st.st_size < rq->allocs[i].size) {
-			r = kvs__fail(srv, KVS_E_RANGE, "allocations[%u]: memfd holds %lld bytes, %llu declared", i,
-				      (long long)st.st_size, (unsigned long long)rq->allocs[i].size);
-			goto err_imports;
-		}
-		imp = calloc(1, sizeof(*imp));
-		if (!imp) {
-			r = kvs__fail(srv, KVS_E_INTERNAL, "out of memory");
-			goto err_imports;
-		}
-		void *base = mmap(NULL, rq->allocs[i].size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-		if (base == MAP_FAILED) {
-			free(imp);
-			r = kvs__fail(srv, KVS_E_DEVICE, "allocations[%u]: mmap failed: %s", i, strerror(errno));
-			goto err_imports;
-		}
-		memcpy(imp->key, key, sizeof(key));
-		imp->base = base;
-		imp->size = rq->allocs[i].size;
-		imp->unsealed = unsealed;
-		imp->fd = fd;
-		imp->dev = st.st_dev;
-		imp->ino = st.st_ino;
-		imp->refs = 1;
-		claimed[i]->fd = -1; /* the import owns it now */
-		if (kvs_htab_put(R->imports, imp) < 0) {
-			claimed[i]->fd = fd;
-			munmap(base, imp->size);
-			free(imp);
-			r = kvs__fail(srv, KVS_E_INTERNAL, "out of memory");
-			goto err_imports;
-		}
-		imps[i] = imp;
-		fresh[i] = true;
 	}
 
 	kvs_span *spans = NULL;
@@ -599,21 +546,21 @@ static int op_register(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
 	g->world = s->world;
 	g->rank = s->rank;
 	g->dev_type = rq->device.type;
-#if KVS_HAVE_CUDA
 	if (g->dev_type == KVS_DEV_CUDA &&
 	    kvs_cuda_stream_create(srv->cuda, kvs_cuda_map_device(imps[0]->cmap), &g->stream) != 0)
 		goto err_nomem;
-#endif
 	/* replace the session's earlier registration only now that this one works */
 	kvs_reg *old = kvs_registry_of_session(R, s->id);
 	if (kvs_htab_put(R->regs, g) < 0)
 		goto err_nomem;
-	s->n_regs++;
-	if (old) {
-		old->dead = true;
-		if (old->leases == 0)
-			reg_release(srv, old);
+	if (old)
+		reg_kill(R, old);
+	if (kvs_htab_put(R->live, g) < 0) { /* cannot fail: old's slot was just freed */
+		kvs_htab_del(R->regs, &g->id);
+		goto err_nomem;
 	}
+	if (old && old->leases == 0)
+		reg_release(srv, old);
 	for (i = 0; i < n; i++)
 		if (claimed[i]) {
 			if (claimed[i]->fd >= 0)
@@ -623,7 +570,7 @@ static int op_register(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
 	uint64_t imported = 0;
 	for (i = 0; i < n; i++)
 		imported += fresh[i];
-	kvs_jobs_registered(srv, g);
+	persist_geometry(srv->l2, g);
 	kvs_info("registration %llu: session %016llx rank %u/%u, %u groups, %u layers, %llu imported, %llu aliased",
 		 (unsigned long long)g->id, (unsigned long long)s->id, s->rank, s->world, g->n_groups,
 		 g->n_views, (unsigned long long)imported, (unsigned long long)(n - imported));
@@ -647,11 +594,8 @@ err_nomem:
 err_imports:
 	/* release exactly what this attempt acquired, newest first */
 	while (i-- > 0)
-		if (imps[i]) {
-			if (fresh[i] && claimed[i])
-				claimed[i]->fd = -1; /* closed by import_unref */
-			import_unref(R, imps[i]);
-		}
+		if (imps[i])
+			kvs_import_release(R->imports, imps[i]);
 	i = n;
 err_claims:
 	for (uint32_t k = 0; k < n; k++)
@@ -674,7 +618,7 @@ int kvs__op_unregister(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
 	if (!g || g->session != s->id || g->dead)
 		return kvs__fail(srv, KVS_E_NOREG, "registration %llu is not held by this session",
 				 (unsigned long long)rq->registration);
-	g->dead = true; /* unreachable for new job parts from now on */
+	reg_kill(srv->reg, g);
 	if (g->leases == 0) {
 		reg_release(srv, g);
 		kvs_msg rep = {.op = KVS_OP_UNREGISTER, .id = rq->id, .ok = true};
@@ -706,7 +650,7 @@ void kvs_registry_tick(kvs_server *srv)
 			g->unreg_id = 0;
 			/* still usable, unless the session registered anew meanwhile:
 			 * a session never holds two live registrations */
-			if (!kvs_registry_of_session(srv->reg, sess))
+			if (!kvs_registry_of_session(srv->reg, sess) && kvs_htab_put(srv->reg->live, g) == 0)
 				g->dead = false;
 			kvs__err_to_session(srv, sess, KVS_OP_UNREGISTER, id, KVS_E_BUSY,
 					    "registration %llu still has %u active leases after %llu ms",
@@ -723,7 +667,7 @@ void kvs_registry_session_gone(kvs_server *srv, uint64_t session)
 	while ((g = kvs_htab_next(srv->reg->regs, &pos)) != NULL) {
 		if (g->session != session)
 			continue;
-		g->dead = true;
+		reg_kill(srv->reg, g);
 		g->unreg_id = 0;
 		if (g->leases == 0) {
 			reg_release(srv, g);

@@ -1,30 +1,17 @@
-/* The registry: host-memory (memfd) imports and the registrations that view
- * them. Imports are keyed by (device uuid, allocation id) and shared between
- * registrations by alias references; every layer view is validated against
- * its allocation. Main-loop thread only. */
+/* The registry: registrations (groups, layer views over imports, leases),
+ * the session -> registration index, and each namespace's geometry. Imports
+ * are import.c's; every layer view is validated against its allocation.
+ * Main-loop thread only. */
 #ifndef KVS_REGISTRY_H
 #define KVS_REGISTRY_H
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <sys/types.h>
 
 #include "server.h"
 
-/* One mapped allocation.
- * Invariant: refs == number of live registrations referencing it; the
- * mapping is released (munmap, close) exactly when refs drops to 0. */
-typedef struct kvs_import {
-	uint8_t key[33]; /* device type, uuid, alloc_id: the table key */
-	int fd;
-	dev_t dev; /* identity of the memfd, so an alias is the same memory */
-	ino_t ino;
-	uint8_t *base;   /* host: mmap of the memfd; cuda: the mapped device VA */
-	uint64_t size;
-	uint32_t refs;
-	bool unsealed;   /* host: the memfd could not be sealed against shrinking
-			  * (allow-unsealed-memory); copies of it are guarded */
-	struct kvs_cuda_map *cmap; /* cuda imports only */
-} kvs_import;
+#include "import.h"
 
 /* A layer view, resolved: block b of this layer lives at
  * base + b * stride, and block_bytes of it are copied. */
@@ -97,6 +84,26 @@ kvs_reg *kvs_registry_find_ns(kvs_registry *r, const char *ns, uint32_t world);
 void kvs_reg_lease(kvs_reg *g);
 /* Drops a lease; releases a dead registration whose last lease this was. */
 void kvs_reg_unlease(kvs_server *srv, kvs_reg *g);
+
+/* The object geometry of a namespace and world: what lookup needs. */
+typedef struct kvs_geo {
+	uint32_t n;
+	struct {
+		uint32_t id;
+		uint32_t kind;   /* enum kvs_group_kind */
+		int64_t window;  /* -1 = full */
+		uint64_t geom, obj_bytes;
+	} g[KVS_MAX_GROUPS];
+} kvs_geo;
+struct kvs_l2;
+/* From the session's registration, else any live one of the namespace and
+ * world, else the versioned record a registration left in l2 (may be NULL).
+ * False when none is known. */
+bool kvs_registry_geometry(kvs_registry *r, struct kvs_l2 *l2, uint64_t session, const char *ns,
+			   uint32_t world, kvs_geo *geo);
+
+int kvs__op_register(kvs_server *srv, kvs_session *s, const kvs_msg *rq);
+int kvs__op_unregister(kvs_server *srv, kvs_session *s, const kvs_msg *rq);
 
 /* Counters. */
 uint64_t kvs_registry_count(const kvs_registry *r);

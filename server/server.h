@@ -76,7 +76,6 @@ typedef struct kvs_session {
 	uint8_t role;
 	uint32_t rank, world;
 	uint64_t expires_ms;
-	uint32_t n_regs;     /* live registrations owned by this session */
 } kvs_session;
 
 /* An fd parked by the broker until a `register` claims its token. */
@@ -123,7 +122,7 @@ struct kvs_server {
 	int spare_fd;        /* reserve fd for EMFILE on accept */
 	uint32_t max_parked; /* bounded by the fd limit */
 	char broker_path[300];
-	int efd; /* eventfd: work finished elsewhere */
+	struct kvs_cq *cq; /* completion queue: work finished on other threads */
 	bool stopping;
 
 	kvs_htab *sessions; /* kvs_session by id */
@@ -140,6 +139,8 @@ struct kvs_server {
 	struct kvs_l2 *l2; /* NULL without --l2-path */
 	struct kvs_copy_pool *pool;
 	struct kvs_cuda_engine *cuda; /* NULL without a GPU */
+	struct kvs_promote *promote;  /* L2 -> L1 promotions */
+	struct kvs_lookup *lookup;    /* lookup pins and counters */
 
 	kvs_stats st;
 	uint64_t now_ms; /* refreshed once per loop iteration */
@@ -155,29 +156,23 @@ struct kvs_server {
 	uint64_t drain_since_ms;
 	struct kvs_admin_wait *admin_waits; /* drain requests waiting for open jobs */
 	struct kvs_metrics *metrics;        /* NULL when off or not bound */
+	unsigned metrics_port;              /* its bound port, 0 = none (stats) */
 };
-
-/* Handlers return 0 once they have replied (or deferred their reply), or a
- * kvs error code after kvs__fail() set the text; the dispatcher then sends
- * the error reply. Either way every request is answered exactly once. */
-int kvs__fail(kvs_server *srv, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 /* Handler for an op that needs a session (session already checked). */
 typedef int (*kvs_op_fn)(kvs_server *srv, kvs_session *s, const kvs_msg *rq);
 
-/* Replies. The `ident` variants address a ZeroMQ routing id directly; the
- * session variants use the session's latest routing id (no-op if the session
- * is gone). Sending never blocks: a client that cannot receive loses the
- * message. */
-void kvs__reply(kvs_server *srv, const void *ident, size_t ident_len, kvs_msg *rep);
-void kvs__reply_err(kvs_server *srv, const void *ident, size_t ident_len, kvs_op op,
-		    uint64_t id, int code, const char *fmt, ...) __attribute__((format(printf, 7, 8)));
-void kvs__send_to_session(kvs_server *srv, uint64_t session, kvs_msg *msg);
-void kvs__err_to_session(kvs_server *srv, uint64_t session, kvs_op op, uint64_t id, int code,
-			 const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+/* The loop's periodic work (deadlines, leases, drains, metrics) and its
+ * completion handling; the loop calls them, unit tests drive them. */
+void kvs__server_tick(kvs_server *srv);
+void kvs__server_completions(kvs_server *srv);
 
 /* Sessions (session.c). */
-kvs_session *kvs__session_get(kvs_server *srv, uint64_t id);
+/* The open session with this id, or NULL. */
+static inline kvs_session *kvs__session_get(kvs_server *srv, uint64_t id)
+{
+	return (kvs_session *)kvs_htab_get(srv->sessions, &id);
+}
 void kvs__session_close(kvs_server *srv, kvs_session *s, const char *why);
 void kvs__sessions_reap(kvs_server *srv);
 int kvs__op_hello(kvs_server *srv, const void *ident, size_t ident_len, const kvs_msg *rq);

@@ -8,12 +8,19 @@
 
 #define KVS_LOG_COMPONENT "session"
 #include "kvs_log.h"
-#include "ops.h"
-#include "server.h"
+#include "jobs.h"
+#include "registry.h"
+#include "reply.h"
+#include "session.h"
 
-kvs_session *kvs__session_get(kvs_server *srv, uint64_t id)
+/* What a session holds goes with it: its open job parts fail, its
+ * registrations die (released once their copies drained). */
+static void session_gone(kvs_server *srv, kvs_session *s)
 {
-	return kvs_htab_get(srv->sessions, &id);
+	if (!srv->jobs)
+		return;
+	kvs_jobs_session_gone(srv, s);
+	kvs_registry_session_gone(srv, s->id);
 }
 
 int kvs__op_hello(kvs_server *srv, const void *ident, size_t ident_len, const kvs_msg *rq)
@@ -59,7 +66,7 @@ int kvs__op_hello(kvs_server *srv, const void *ident, size_t ident_len, const kv
 int kvs__op_heartbeat(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
 {
 	kvs_msg rep = {.op = KVS_OP_HEARTBEAT, .id = rq->id, .ok = true,
-		       .pending_jobs = kvs__ops_pending_jobs(srv, s)};
+		       .pending_jobs = kvs_jobs_pending(srv, s)};
 	kvs__reply(srv, s->ident, s->ident_len, &rep);
 	return 0;
 }
@@ -77,7 +84,7 @@ void kvs__session_close(kvs_server *srv, kvs_session *s, const char *why)
 	kvs_info("session %016llx closed (%s)", (unsigned long long)s->id, why);
 	/* unreachable for new requests first, then release what it holds */
 	kvs_htab_del(srv->sessions, &s->id);
-	kvs__ops_session_gone(srv, s);
+	session_gone(srv, s);
 	free(s);
 }
 
@@ -92,7 +99,7 @@ void kvs__sessions_reap(kvs_server *srv)
 		kvs_htab_iter_del(srv->sessions, &pos);
 		kvs_info("session %016llx expired: lease of %llu ms ran out", (unsigned long long)s->id,
 			 (unsigned long long)srv->cfg.ttl_ms);
-		kvs__ops_session_gone(srv, s);
+		session_gone(srv, s);
 		free(s);
 	}
 }

@@ -6,6 +6,8 @@
 #include <errno.h>
 #include <lmdb.h>
 #include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +16,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include "kvs_cq.h"
 #include "kvs_error.h"
 
 #define KVS_LOG_COMPONENT "l2"
@@ -76,6 +79,8 @@ struct kvs_l2 {
 	pthread_mutex_t mu;
 	pthread_cond_t wcv, rcv;
 	l2_list wq, rq, done;
+	kvs_cq_item ready;        /* posted to cfg.cq when done has entries */
+	atomic_bool ready_posted; /* ready is on the queue */
 	kvs_objkey *touches; /* pending access stamps */
 	uint32_t n_touches;
 	kvs_objkey *drops; /* objects found corrupt by the reader: delete them */
@@ -130,9 +135,24 @@ static l2_item *list_pop(l2_list *l)
 	return it;
 }
 
+/* The completion-queue item (loop thread): completions go to on_done. */
+static void l2_ready(kvs_cq_item *it)
+{
+	kvs_l2 *l2 = (kvs_l2 *)((char *)it - offsetof(kvs_l2, ready));
+	atomic_store(&l2->ready_posted, false); /* before reaping: later ones post again */
+	kvs_l2_done d[64];
+	uint32_t n;
+	while ((n = kvs_l2_reap(l2, d, 64)) > 0)
+		for (uint32_t i = 0; i < n; i++)
+			l2->cfg.on_done(l2->cfg.done_arg, &d[i]);
+}
+
 static void signal_owner(kvs_l2 *l2)
 {
-	if (l2->cfg.efd >= 0) {
+	if (l2->cfg.cq) {
+		if (!atomic_exchange(&l2->ready_posted, true))
+			kvs_cq_post(l2->cfg.cq, &l2->ready);
+	} else if (l2->cfg.efd >= 0) {
 		uint64_t one = 1;
 		ssize_t w = write(l2->cfg.efd, &one, sizeof(one));
 		(void)w;
@@ -618,6 +638,7 @@ int kvs_l2_open(const kvs_l2_config *cfg, kvs_l2 **ret)
 	if (!l2)
 		return -ENOMEM;
 	l2->cfg = *cfg;
+	l2->ready.done = l2_ready;
 	if (!l2->cfg.batch_max)
 		l2->cfg.batch_max = 256;
 	if (!l2->cfg.queue_max)

@@ -28,6 +28,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "kvs_cq.h"
 #include "kvs_l1.h"
 
 enum kvs_l2_sync {
@@ -35,6 +36,8 @@ enum kvs_l2_sync {
 	KVS_L2_SYNC_NOMETA, /* fsync data, not meta: power loss may lose the last commit */
 	KVS_L2_SYNC_NONE,   /* no fsync: process crashes lose nothing committed; power loss may lose recent commits or corrupt the environment */
 };
+
+struct kvs_l2_done;
 
 typedef struct kvs_l2_config {
 	const char *path;        /* environment directory (created 0700 if missing) */
@@ -45,7 +48,12 @@ typedef struct kvs_l2_config {
 	uint32_t batch_max;      /* objects per group commit */
 	uint64_t batch_bytes;    /* bytes per group commit */
 	uint32_t batch_ms;       /* longest wait to fill a batch */
-	int efd;                 /* eventfd written when completions are ready */
+	int efd;                 /* eventfd written when completions are ready (no cq) */
+	/* With a completion queue: an item is posted when completions are ready,
+	 * and running it hands each one to on_done (the loop thread). */
+	struct kvs_cq *cq;
+	void (*on_done)(void *arg, const struct kvs_l2_done *d);
+	void *done_arg;
 	bool report_evictions;   /* completions of op KVS_L2_EVICTED for every eviction */
 } kvs_l2_config;
 

@@ -26,10 +26,14 @@
 #include <unistd.h>
 
 #include "jobs.h"
+#include "kvs_cq.h"
 #include "kvs_error.h"
 #include "kvs_l1.h"
 #include "kvs_log.h"
-#include "ops.h"
+#include "jobs.h"
+#include "registry.h"
+#include "reply.h"
+#include "session.h"
 #include "registry.h"
 #include "server.h"
 
@@ -172,13 +176,9 @@ static inline uint64_t fx_mono_ms(void)
 /* The main loop's eventfd branch: wait for it, drain it, collect copies. */
 static inline void fx_pump_once(fx *f, int wait_ms)
 {
-	struct pollfd pfd = {.fd = f->srv->efd, .events = POLLIN};
-	if (poll(&pfd, 1, wait_ms) > 0) {
-		uint64_t v;
-		ssize_t r = read(f->srv->efd, &v, sizeof(v));
-		(void)r;
-	}
-	kvs__ops_completions(f->srv);
+	struct pollfd pfd = {.fd = kvs_cq_fd(f->srv->cq), .events = POLLIN};
+	(void)poll(&pfd, 1, wait_ms);
+	kvs__server_completions(f->srv); /* drains the eventfd itself */
 }
 
 /* Pumps completions until pred holds (or 60 s: valgrind is slow). */

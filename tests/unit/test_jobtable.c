@@ -432,11 +432,11 @@ START_TEST(test_deadline)
 	ck_assert_int_eq(complete(&f, &r0, 11, KVS_STATUS_OK), 0);
 	FX_PUMP_UNTIL(&f, jstats(&f).copy_bytes == S_BYTES);
 	f.srv->now_ms += 999;
-	kvs__ops_tick(f.srv);
+	kvs__server_tick(f.srv);
 	ck_assert_uint_eq(kvs_jobs_open(J), 1);
 	ck_assert_uint_eq(kvs_jobs_retained(J), S_RETAINED);
 	f.srv->now_ms += 1;
-	kvs__ops_tick(f.srv);
+	kvs__server_tick(f.srv);
 	FX_PUMP_UNTIL(&f, kvs_jobs_open(J) == 0);
 	ck_assert_uint_eq(jstats(&f).aborted, 1);
 	ck_assert_uint_eq(kvs_jobs_retained(J), 0);
@@ -450,7 +450,7 @@ START_TEST(test_deadline)
 	/* a deadline passing while copies run: aborted once they finish */
 	ck_assert_int_eq(part(&f, &r0, KVS_OP_STORE, 12, 0, 3, SA, SB), 0);
 	f.srv->now_ms += 5000;
-	kvs__ops_tick(f.srv);
+	kvs__server_tick(f.srv);
 	FX_PUMP_UNTIL(&f, kvs_jobs_open(J) == 0);
 	ck_assert_uint_eq(jstats(&f).aborted, 2);
 	ck_assert_uint_eq(l1stats(&f).bytes_reserved, 0);

@@ -1,0 +1,247 @@
+/* Imports; see import.h. */
+#include "import.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "copy_cuda.h"
+#include "kvs_error.h"
+#include "kvs_htab.h"
+#include "kvs_proto.h"
+
+struct kvs_imports {
+	struct kvs_cuda_engine *cuda;
+	kvs_htab *table;  /* kvs_import by key */
+	uint64_t aliases; /* sum of (refs - 1) over imports */
+};
+
+/* Operations of one memory kind. open fills base/size/... of a new import
+ * and consumes rq->fd; same says whether an existing import is the memory
+ * rq names (0, or a code with err); close unmaps. */
+typedef struct import_ops {
+	int (*open)(kvs_imports *t, const kvs_import_req *rq, kvs_import *imp, char *err, size_t errlen);
+	int (*same)(const kvs_import *imp, const kvs_import_req *rq, char *err, size_t errlen);
+	void (*close)(kvs_imports *t, kvs_import *imp);
+} import_ops;
+
+/* ---- host memfd ------------------------------------------------------------- */
+
+static int host_open(kvs_imports *t, const kvs_import_req *rq, kvs_import *imp, char *err, size_t errlen)
+{
+	(void)t;
+	int fd = rq->fd;
+	struct stat st;
+	int seals = fstat(fd, &st) == 0 ? fcntl(fd, F_GET_SEALS) : -1;
+	int r = 0;
+	if (seals < 0 || !S_ISREG(st.st_mode)) {
+		snprintf(err, errlen, "fd is not a memfd");
+		r = KVS_E_DEVICE;
+		goto out;
+	}
+	/* a memfd shrunk under our mapping would SIGBUS the copy threads; with
+	 * allow-unsealed-memory the host engine guards its copies and fails the
+	 * one that meets a shrunk region instead */
+	if (!(seals & F_SEAL_SHRINK) && fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) < 0) {
+		if (!rq->allow_unsealed) {
+			snprintf(err, errlen, "memfd cannot be sealed against shrinking (create it with "
+			         "MFD_ALLOW_SEALING and without F_SEAL_SEAL, or add F_SEAL_SHRINK; or start the "
+			         "server with allow-unsealed-memory)");
+			r = KVS_E_DEVICE;
+			goto out;
+		}
+		imp->unsealed = true;
+	}
+	if ((uint64_t)st.st_size < rq->size) {
+		snprintf(err, errlen, "memfd holds %lld bytes, %llu declared", (long long)st.st_size,
+			 (unsigned long long)rq->size);
+		r = KVS_E_RANGE;
+		goto out;
+	}
+	void *base = mmap(NULL, rq->size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (base == MAP_FAILED) {
+		snprintf(err, errlen, "mmap failed: %s", strerror(errno));
+		r = KVS_E_DEVICE;
+		goto out;
+	}
+	imp->base = base;
+	imp->fd = fd;
+	imp->dev = st.st_dev;
+	imp->ino = st.st_ino;
+	return 0;
+out:
+	close(fd);
+	return r;
+}
+
+static int host_same(const kvs_import *imp, const kvs_import_req *rq, char *err, size_t errlen)
+{
+	struct stat st;
+	if (fstat(rq->fd, &st) < 0) {
+		snprintf(err, errlen, "fstat failed: %s", strerror(errno));
+		return KVS_E_DEVICE;
+	}
+	if (imp->dev != st.st_dev || imp->ino != st.st_ino) {
+		snprintf(err, errlen, "alloc_id already names other memory");
+		return KVS_E_AUTH;
+	}
+	return 0;
+}
+
+static void host_close(kvs_imports *t, kvs_import *imp)
+{
+	(void)t;
+	munmap(imp->base, imp->size);
+	close(imp->fd);
+}
+
+static const import_ops host_memfd = {host_open, host_same, host_close};
+
+/* ---- CUDA: cuMem POSIX fd and legacy IPC handle ---------------------------------- */
+
+static int cuda_fd_open(kvs_imports *t, const kvs_import_req *rq, kvs_import *imp, char *err, size_t errlen)
+{
+	int r = kvs_cuda_import(t->cuda, rq->uuid, rq->fd, rq->size, &imp->cmap, err, errlen); /* closes fd */
+	if (r == 0)
+		imp->base = kvs_cuda_map_base(imp->cmap);
+	return r;
+}
+
+static int cuda_ipc_open(kvs_imports *t, const kvs_import_req *rq, kvs_import *imp, char *err, size_t errlen)
+{
+	if (rq->fd >= 0)
+		close(rq->fd);
+	if (rq->ipc_len != 64) {
+		snprintf(err, errlen, "ipc_handle must be 64 bytes");
+		return KVS_E_BADMSG;
+	}
+	int r = kvs_cuda_import_ipc(t->cuda, rq->uuid, rq->ipc_handle, rq->size, &imp->cmap, err, errlen);
+	if (r == 0)
+		imp->base = kvs_cuda_map_base(imp->cmap);
+	return r;
+}
+
+static int cuda_same(const kvs_import *imp, const kvs_import_req *rq, char *err, size_t errlen)
+{
+	(void)imp, (void)rq, (void)err, (void)errlen;
+	return 0; /* the driver names the memory by (device, alloc_id) alone */
+}
+
+/* sync -> unmap -> free VA -> release */
+static void cuda_close(kvs_imports *t, kvs_import *imp) { kvs_cuda_unimport(t->cuda, imp->cmap); }
+
+static const import_ops cuda_vmm_fd = {cuda_fd_open, cuda_same, cuda_close};
+static const import_ops cuda_legacy_ipc = {cuda_ipc_open, cuda_same, cuda_close};
+
+/* ---- the table ---------------------------------------------------------------- */
+
+int kvs_imports_create(kvs_imports **ret)
+{
+	kvs_imports *t = calloc(1, sizeof(*t));
+	if (!t)
+		return -ENOMEM;
+	int r = kvs_htab_create(33, offsetof(kvs_import, key), &t->table);
+	if (r) {
+		free(t);
+		return r;
+	}
+	*ret = t;
+	return 0;
+}
+
+void kvs_imports_set_cuda(kvs_imports *t, struct kvs_cuda_engine *e) { t->cuda = e; }
+
+void kvs_imports_destroy(kvs_imports *t)
+{
+	if (!t)
+		return;
+	kvs_htab_destroy(t->table);
+	free(t);
+}
+
+static const import_ops *ops_of(const kvs_import_req *rq)
+{
+	if (rq->dev_type != KVS_DEV_CUDA)
+		return &host_memfd;
+	return rq->ipc_handle ? &cuda_legacy_ipc : &cuda_vmm_fd;
+}
+
+int kvs_import_acquire(kvs_imports *t, const kvs_import_req *rq, kvs_import **ret, bool *fresh, char *err,
+		       size_t errlen)
+{
+	uint8_t key[33];
+	key[0] = rq->dev_type;
+	memcpy(key + 1, rq->uuid, 16);
+	memcpy(key + 17, rq->alloc_id, 16);
+	const import_ops *ops = ops_of(rq);
+	kvs_import *imp = kvs_htab_get(t->table, key);
+	int r;
+	if (imp) {
+		if (imp->size != rq->size) {
+			snprintf(err, errlen, "already imported with another size");
+			r = KVS_E_GEOMETRY;
+		} else {
+			r = imp->ops->same(imp, rq, err, errlen);
+		}
+		if (rq->fd >= 0)
+			close(rq->fd);
+		if (r)
+			return r;
+		imp->refs++;
+		t->aliases++;
+		*ret = imp;
+		*fresh = false;
+		return 0;
+	}
+	if (rq->dev_type == KVS_DEV_CUDA && !t->cuda) {
+		if (rq->fd >= 0)
+			close(rq->fd);
+		snprintf(err, errlen, "no CUDA engine");
+		return KVS_E_DEVICE;
+	}
+	imp = calloc(1, sizeof(*imp));
+	if (!imp) {
+		if (rq->fd >= 0)
+			close(rq->fd);
+		snprintf(err, errlen, "out of memory");
+		return KVS_E_INTERNAL;
+	}
+	memcpy(imp->key, key, sizeof(key));
+	imp->fd = -1;
+	imp->size = rq->size;
+	imp->refs = 1;
+	imp->ops = ops;
+	if ((r = ops->open(t, rq, imp, err, errlen)) != 0) {
+		free(imp);
+		return r;
+	}
+	if (kvs_htab_put(t->table, imp) < 0) {
+		ops->close(t, imp);
+		free(imp);
+		snprintf(err, errlen, "out of memory");
+		return KVS_E_INTERNAL;
+	}
+	*ret = imp;
+	*fresh = true;
+	return 0;
+}
+
+void kvs_import_release(kvs_imports *t, kvs_import *imp)
+{
+	if (--imp->refs > 0) {
+		t->aliases--;
+		return;
+	}
+	/* teardown order: no copy runs (leases drained) -> unmap -> close */
+	kvs_htab_del(t->table, imp->key);
+	imp->ops->close(t, imp);
+	free(imp);
+}
+
+uint64_t kvs_imports_count(const kvs_imports *t) { return kvs_htab_count(t->table); }
+uint64_t kvs_imports_aliases(const kvs_imports *t) { return t->aliases; }

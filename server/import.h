@@ -1,0 +1,69 @@
+/* Imports (import.c): engine memory mapped into the server, one per
+ * (device type, device uuid, allocation id) and shared between
+ * registrations by alias references, the way UCX's registration cache keys
+ * regions. Each memory kind has its own operations: host memfd (sealed,
+ * mmap'd), CUDA cuMem POSIX fd, legacy CUDA IPC handle. Main-loop thread
+ * only. */
+#ifndef KVS_IMPORT_H
+#define KVS_IMPORT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+struct kvs_cuda_engine;
+struct kvs_cuda_map;
+
+/* One mapped allocation.
+ * Invariant: refs == number of live registrations referencing it; the
+ * mapping is released exactly when refs drops to 0. */
+typedef struct kvs_import {
+	uint8_t key[33]; /* device type, uuid, alloc_id: the table key */
+	int fd;          /* host: the memfd (kept for ranges mapped later); else -1 */
+	dev_t dev;       /* host: identity of the memfd, so an alias is the same memory */
+	ino_t ino;
+	uint8_t *base;   /* host: mmap of the memfd; cuda: the mapped device VA */
+	uint64_t size;
+	uint32_t refs;
+	bool unsealed;   /* host: the memfd could not be sealed against shrinking
+			  * (allow-unsealed-memory); copies of it are guarded */
+	struct kvs_cuda_map *cmap; /* cuda imports only */
+	const struct import_ops *ops;
+} kvs_import;
+
+/* What one allocation of a `register` asks for. */
+typedef struct kvs_import_req {
+	uint8_t dev_type;        /* enum kvs_dev_type */
+	const uint8_t *uuid;     /* 16 bytes */
+	const uint8_t *alloc_id; /* 16 bytes */
+	uint64_t size;
+	int fd;                  /* the broker's fd (consumed by the call in every case), or -1 */
+	const uint8_t *ipc_handle; /* legacy CUDA IPC: the handle, else NULL */
+	size_t ipc_len;
+	bool allow_unsealed;     /* host: accept a memfd that cannot be sealed */
+} kvs_import_req;
+
+typedef struct kvs_imports kvs_imports;
+
+int kvs_imports_create(kvs_imports **ret);
+/* The CUDA engine device imports go through (NULL: none). */
+void kvs_imports_set_cuda(kvs_imports *t, struct kvs_cuda_engine *e);
+/* Every import must have been released. Accepts NULL. */
+void kvs_imports_destroy(kvs_imports *t);
+
+/* An alias of the import the request names (refs + 1, *fresh false) or a
+ * new import (*fresh true). rq->fd is consumed in every case. 0, or
+ * KVS_E_GEOMETRY (imported with another size), KVS_E_AUTH (the alloc_id
+ * names other memory), KVS_E_DEVICE / KVS_E_RANGE (cannot import),
+ * KVS_E_BADMSG, KVS_E_INTERNAL, with the reason in err. Nothing changes on
+ * failure. */
+int kvs_import_acquire(kvs_imports *t, const kvs_import_req *rq, kvs_import **ret, bool *fresh, char *err,
+		       size_t errlen);
+/* Drops one reference; the last one unmaps. No copy may still use it. */
+void kvs_import_release(kvs_imports *t, kvs_import *imp);
+
+uint64_t kvs_imports_count(const kvs_imports *t);
+uint64_t kvs_imports_aliases(const kvs_imports *t);
+
+#endif

@@ -1,0 +1,80 @@
+/* The planner (plan.c): block lists -> L1 objects + copy tasks, for one
+ * rank's store or retrieve part. It validates, reserves L1 objects (store),
+ * asks its source for each needed object (retrieve), and builds the copy
+ * segments; it never replies, never touches a job and needs no server, so
+ * it is unit-tested on its own (tests/unit/test_plan.c).
+ *
+ * Ownership: on success the plan's arrays, objects (reserved for a store)
+ * and tasks belong to the caller, who either hands them on or calls
+ * kvs_plan_undo(). On failure the plan holds what was done so far; the
+ * caller calls kvs_plan_undo() to release it. */
+#ifndef KVS_PLAN_H
+#define KVS_PLAN_H
+
+#include <stdint.h>
+
+#include "copy_host.h"
+#include "kvs_l1.h"
+#include "kvs_proto.h"
+#include "registry.h"
+
+typedef struct kvs_planner kvs_planner;
+
+typedef struct kvs_plan {
+	kvs_l1_obj **objs; /* store: reserved; retrieve: pinned by the source */
+	uint64_t *geoms;   /* store: L2 geometry fingerprint per object */
+	uint8_t *evh;      /* store with event_hashes: the engine hash of each object's chunk */
+	uint32_t n_objs;
+	kvs_copy_task **tasks;
+	uint32_t n_tasks;
+	uint64_t retained;  /* store: distinct non-null source blocks */
+	uint32_t skipped;   /* store: objects already cached (no copy) */
+	uint32_t staged;    /* store: objects another job is storing (private copy) */
+	int stopped;        /* retrieve: the source's refusal that ended planning early, or 0 */
+	char err[200];      /* why a plan was refused */
+} kvs_plan;
+
+/* Whose part: the namespace digest and the rank's place. */
+typedef struct kvs_plan_who {
+	uint8_t ns[16];
+	uint32_t world, rank;
+} kvs_plan_who;
+
+/* Where a retrieve reads objects from. present: 0 if key can be served
+ * (KVS_E_MISS otherwise), no side effects. fetch: pins or starts bringing
+ * the object into L1, appends a pinned L1 object to pl->objs if it has one,
+ * and sets *src to where its bytes are (or will be); a nonzero return stops
+ * planning (kvs_plan.stopped). */
+typedef struct kvs_plan_source {
+	int (*present)(void *arg, const kvs_objkey *key, const kvs_reg_group *G);
+	int (*fetch)(void *arg, kvs_plan *pl, const kvs_objkey *key, const kvs_reg_group *G, const uint8_t **src);
+	void *arg;
+} kvs_plan_source;
+
+int kvs_planner_create(kvs_l1 *l1, kvs_planner **ret);
+void kvs_planner_destroy(kvs_planner *p);
+/* A fresh non-zero pad for a private staging key. */
+uint32_t kvs_planner_nonce(kvs_planner *p);
+
+/* The block lists against the registration: one list per group, each with
+ * blocks_per_chunk ids per key, ids in range or the group's null id, and no
+ * destination named twice by a retrieve. 0, or KVS_E_GEOMETRY / KVS_E_RANGE
+ * / KVS_E_INTERNAL with pl->err. */
+int kvs_plan_check(kvs_planner *p, const kvs_reg *g, const kvs_msg *rq, kvs_plan *pl);
+/* A store part: one reserved L1 object per (key, group) with blocks, its
+ * blocks gathered layer by layer. 0, or KVS_E_GEOMETRY / KVS_E_NOSPACE /
+ * KVS_E_INTERNAL with pl->err. */
+int kvs_plan_store(kvs_planner *p, const kvs_plan_who *who, const kvs_reg *g, const kvs_msg *rq, kvs_plan *pl);
+/* A retrieve part: every needed object present (else KVS_E_MISS, nothing
+ * fetched), then fetched and scattered; blocks wholly inside skip_tokens
+ * and null destinations are not written. 0 (see pl->stopped), or
+ * KVS_E_MISS / KVS_E_GEOMETRY / KVS_E_LIMIT / KVS_E_INTERNAL with pl->err. */
+int kvs_plan_retrieve(kvs_planner *p, const kvs_plan_who *who, const kvs_reg *g, const kvs_msg *rq,
+		      const kvs_plan_source *src, kvs_plan *pl);
+/* Releases what a plan holds: aborts reserved objects (store) or unpins
+ * (retrieve), frees tasks and arrays. The plan is zeroed. */
+void kvs_plan_undo(kvs_l1 *l1, kvs_plan *pl, kvs_op kind);
+/* Frees n tasks and the array. */
+void kvs_plan_free_tasks(kvs_copy_task **tasks, uint32_t n);
+
+#endif

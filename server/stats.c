@@ -1,0 +1,140 @@
+/* The server's counters: what `stats` answers and /metrics exports. */
+#include <assert.h>
+#include <stdatomic.h>
+#include <stdio.h>
+
+#include "kvs_log.h"
+
+#include "copy_host.h"
+#include "copy_cuda.h"
+#include "jobs.h"
+#include "kvs_l1.h"
+#include "kvs_l2.h"
+#include "lookup.h"
+#include "promote.h"
+#include "registry.h"
+#include "reply.h"
+#include "stats.h"
+
+uint32_t kvs__stats_collect(kvs_server *srv, kvs_counter *c, char (*names)[32])
+{
+	enum { NE = KVS_E_LAST_ - KVS_E_BASE + 1 };
+	uint32_t n = 0;
+	kvs_l1_stats l1;
+	kvs_l1_get_stats(srv->l1, &l1);
+	kvs_jobs_stats js;
+	kvs_jobs_get_stats(srv->jobs, &js);
+	kvs_lookup_stats ls;
+	kvs_lookup_get_stats(srv->lookup, &ls);
+	kvs_promote_stats ps;
+	kvs_promote_get_stats(srv->promote, &ps);
+#define C(nm, val) c[n++] = (kvs_counter){kvs_str_c(nm), (uint64_t)(val)}
+	C("sessions", kvs_htab_count(srv->sessions));
+	C("sessions_opened", srv->st.sessions_opened);
+	C("sessions_reaped", srv->st.sessions_reaped);
+	C("requests", srv->st.requests);
+	C("registrations", kvs_registry_count(srv->reg));
+	C("imports", kvs_registry_imports(srv->reg));
+	C("aliases", kvs_registry_aliases(srv->reg));
+	C("retained_blocks", kvs_jobs_retained(srv->jobs));
+	C("jobs_open", kvs_jobs_open(srv->jobs));
+	C("jobs_committed", js.committed);
+	C("jobs_aborted", js.aborted);
+	C("jobs_terminal_remembered", js.terminal_entries);
+	C("store_objects", js.store_objects);
+	C("store_skipped_cached", js.store_skipped);
+	C("store_staged", js.store_staged);
+	C("job_parts", js.parts);
+	C("job_part_us", js.part_ns / 1000);
+	C("retrieve_objects", js.retrieve_objects);
+	C("copy_bytes", js.copy_bytes);
+	C("copy_bytes_store_host", js.copy_bytes_dir[0][0]);
+	C("copy_bytes_retrieve_host", js.copy_bytes_dir[1][0]);
+	C("copy_bytes_store_cuda", js.copy_bytes_dir[0][1]);
+	C("copy_bytes_retrieve_cuda", js.copy_bytes_dir[1][1]);
+	C("lookups", ls.lookups);
+	C("lookup_keys", ls.keys);
+	C("hits", ls.hits);
+	C("misses", ls.keys - ls.hits);
+	C("hits_l1", ls.hits - ls.hits_l2);
+	C("hits_l2", ls.hits_l2);
+	C("l2_promotions", ps.promotions);
+	C("l2_promotion_failures", ps.failures);
+	C("l2_prefetches", ls.prefetches);
+	C("lookup_pins", ls.pins);
+	C("l1_capacity", l1.size);
+	C("l1_bytes", l1.bytes_used);
+	C("l1_bytes_reserved", l1.bytes_reserved);
+	C("l1_objects", l1.objects);
+	C("l1_objects_reserved", l1.objects_reserved);
+	C("l1_chunks", l1.chunks);
+	C("l1_evictions", l1.evictions);
+	C("l1_evicted_bytes", l1.evicted_bytes);
+	C("l1_nospace", l1.nospace);
+	C("l1_meta_bytes", l1.meta_bytes);
+	C("l1_prefaulted_bytes", atomic_load(&srv->prefaulted));
+	C("loop_busy_us", srv->busy_ns / 1000);
+	kvs_l2_stats l2 = {0};
+	if (srv->l2)
+		kvs_l2_get_stats(srv->l2, &l2);
+	C("l2_enabled", srv->l2 != NULL);
+	C("l2_capacity", l2.map_size);
+	C("l2_bytes", l2.bytes);
+	C("l2_objects", l2.objects);
+	C("l2_writes", l2.writes);
+	C("l2_writes_committed", l2.writes_committed);
+	C("l2_write_batches", l2.write_batches);
+	C("l2_write_drops", l2.write_drops);
+	C("l2_write_errors", l2.write_errors);
+	C("l2_queue_depth", l2.queue_depth);
+	C("l2_queue_bytes", l2.queue_bytes);
+	C("l2_reads", l2.reads);
+	C("l2_read_misses", l2.read_misses);
+	C("l2_checksum_failures", l2.checksum_failures);
+	C("l2_header_mismatches", l2.header_mismatches);
+	C("l2_evictions", l2.evictions);
+	C("l2_map_full_retries", l2.map_full_retries);
+	C("broker_accepted", srv->st.broker_accepted);
+	C("broker_rejected", srv->st.broker_rejected);
+	C("broker_parked", srv->st.broker_parked);
+	C("broker_expired", srv->st.broker_expired);
+	C("parked_fds", kvs_htab_count(srv->parked));
+	C("copy_bytes_host", kvs_copy_pool_bytes(srv->pool));
+	C("draining", srv->draining);
+	C("metrics_port", srv->metrics_port);
+	kvs_cuda_stats cs = {0};
+	if (srv->cuda)
+		kvs_cuda_get_stats(srv->cuda, &cs);
+	C("cuda_available", srv->cuda != NULL);
+	C("cuda_devices", srv->cuda ? kvs_cuda_engine_devices(srv->cuda) : 0);
+	C("cuda_tasks", cs.tasks);
+	C("cuda_kernel_launches", cs.kernel_launches);
+	C("cuda_fallback_copies", cs.fallback_copies);
+	C("cuda_dma_copies", cs.dma_copies);
+	C("cuda_staged_parts", cs.staged_parts);
+	C("cuda_staged_rounds", cs.staged_rounds);
+	C("cuda_staged_bytes", cs.staged_bytes);
+	C("cuda_staging_bytes", cs.staging_bytes);
+	C("cuda_parts", cs.parts);
+	C("cuda_part_us", cs.part_ns / 1000);
+	C("cuda_submit_us", cs.submit_ns / 1000);
+	C("cuda_errors", cs.errors);
+	C("cuda_pinned_bytes", cs.pinned_bytes);
+	for (int i = 0; i < NE; i++) {
+		snprintf(names[i], sizeof(names[i]), "errors.%s", kvs_error_name(KVS_E_BASE + i));
+		C(names[i], srv->st.errors[i]);
+	}
+#undef C
+	assert(n <= KVS_STATS_MAX);
+	return n;
+}
+
+int kvs__op_stats(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
+{
+	kvs_counter c[KVS_STATS_MAX];
+	char names[KVS_E_LAST_ - KVS_E_BASE + 1][32];
+	uint32_t n = kvs__stats_collect(srv, c, names);
+	kvs_msg rep = {.op = KVS_OP_STATS, .id = rq->id, .ok = true, .counters = c, .n_counters = n};
+	kvs__reply(srv, s->ident, s->ident_len, &rep);
+	return 0;
+}
