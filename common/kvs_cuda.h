@@ -21,7 +21,7 @@
 	X(cuMemAllocHost) X(cuMemFreeHost) X(cuMemAlloc) X(cuMemFree)          \
 	X(cuMemcpyHtoD) X(cuMemcpyDtoH) X(cuMemcpyAsync) X(cuMemcpyHtoDAsync)  \
 	X(cuMemcpyDtoHAsync) X(cuMemsetD8) X(cuStreamCreate) X(cuStreamDestroy) \
-	X(cuStreamSynchronize) X(cuStreamWaitEvent) X(cuLaunchHostFunc)        \
+	X(cuStreamSynchronize) X(cuStreamQuery) X(cuStreamWaitEvent) X(cuLaunchHostFunc) \
 	X(cuModuleLoadData) X(cuModuleUnload) X(cuModuleGetFunction)           \
 	X(cuLaunchKernel) X(cuEventCreate) X(cuEventDestroy) X(cuEventRecord)  \
 	X(cuEventSynchronize) X(cuEventElapsedTime) X(cuIpcOpenEventHandle)    \

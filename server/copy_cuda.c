@@ -95,6 +95,7 @@ struct kvs_cuda_stream {
 };
 
 struct kvs_cuda_engine {
+	kvs_copy_engine engine; /* first: the engine as copy.h sees it */
 	const kvs_cuda_api *cu;
 	kvs_cq *cq;
 	int n_dev;
@@ -113,6 +114,11 @@ struct kvs_cuda_engine {
 	pthread_t pin_thr;
 	bool pin_started;
 	desc_buf *pool; /* free pooled descriptor buffers (main loop) */
+	/* staging memory of released registrations, per device, for the next
+	 * ones: cuMemFree synchronizes the whole device, which the loop must
+	 * never wait for (freed at engine destroy) */
+	CUdeviceptr spare_stage[MAX_DEV][4];
+	uint32_t n_spare_stage[MAX_DEV];
 	uint32_t h2d_staged[MAX_DEV]; /* staged retrieve parts in flight per device */
 	uint64_t dma_min;
 	uint64_t stage_bytes, stage_min; /* per registration; mean host extent */
@@ -149,6 +155,13 @@ static void *pin_main(void *arg)
 	return NULL;
 }
 
+static void engine_submit(kvs_copy_engine *ce, void *stream, const kvs_copy_part *part)
+{
+	kvs_cuda_submit((kvs_cuda_engine *)ce, stream, part);
+}
+
+kvs_copy_engine *kvs_cuda_copy_engine(kvs_cuda_engine *e) { return e ? &e->engine : NULL; }
+
 int kvs_cuda_engine_create(kvs_cq *cq, void *arena, uint64_t arena_size, const kvs_cuda_opts *opts,
 			   kvs_cuda_engine **ret, char *err, size_t errlen)
 {
@@ -162,6 +175,7 @@ int kvs_cuda_engine_create(kvs_cq *cq, void *arena, uint64_t arena_size, const k
 		return -ENOMEM;
 	e->cu = cu;
 	e->cq = cq;
+	e->engine = (kvs_copy_engine){.submit = engine_submit, .name = "cuda"};
 	e->arena = arena;
 	e->arena_size = arena_size;
 	pthread_mutex_init(&e->mu, NULL);
@@ -223,7 +237,9 @@ void kvs_cuda_engine_destroy(kvs_cuda_engine *e)
 		use(e, 0);
 	for (int d = 0; d < e->n_dev; d++) {
 		use(e, d);
-		CU(e, cuCtxSynchronize)();
+		CU(e, cuCtxSynchronize)(); /* shutdown: nothing else to serve */
+		for (uint32_t i = 0; i < e->n_spare_stage[d]; i++)
+			CU(e, cuMemFree)(e->spare_stage[d][i]);
 	}
 	for (uint32_t i = 0; e->ready && i < e->n_slices; i++)
 		if (atomic_load(&e->ready[i]))
@@ -352,7 +368,10 @@ void kvs_cuda_unimport(kvs_cuda_engine *e, kvs_cuda_map *m)
 	if (!m)
 		return;
 	use(e, m->dev);
-	CU(e, cuCtxSynchronize)();            /* the mapping's work is done */
+	/* no synchronisation: the registry drops the last reference only after
+	 * every registration using the mapping was released, i.e. after every
+	 * part's completion callback ran (ordered after its device work). A
+	 * cuCtxSynchronize here waited for every other rank's copies too. */
 	if (m->ipc) {
 		CU(e, cuIpcCloseMemHandle)(m->va);
 		free(m);
@@ -444,8 +463,7 @@ void kvs_cuda_span_unmap(kvs_cuda_engine *e, kvs_cuda_span *s)
 {
 	if (!s)
 		return;
-	use(e, s->dev);
-	CU(e, cuCtxSynchronize)();
+	use(e, s->dev); /* no synchronisation: as kvs_cuda_unimport */
 	size_t off = 0;
 	for (uint32_t i = 0; i < s->n; off += s->sizes[i], i++)
 		CU(e, cuMemUnmap)(s->va + off, s->sizes[i]);
@@ -478,21 +496,30 @@ int kvs_cuda_stream_create(kvs_cuda_engine *e, int device, kvs_cuda_stream **ret
 	return 0;
 }
 
+/* A stream whose work has not all ended at release would break the
+ * registry's invariant (a registration is released only once every part's
+ * completion callback ran, and the callback is ordered after the part's
+ * device work). Checked without blocking; if it ever happens, only this
+ * stream is waited for, never the device. */
+static void stream_retire(kvs_cuda_engine *e, CUstream st)
+{
+	if (!st)
+		return;
+	if (CU(e, cuStreamQuery)(st) == CUDA_ERROR_NOT_READY) {
+		kvs_warn("a released registration's stream still has work: waiting for that stream");
+		CU(e, cuStreamSynchronize)(st);
+	}
+	CU(e, cuStreamDestroy)(st); /* returns at once; resources go when idle */
+}
+
 void kvs_cuda_stream_destroy(kvs_cuda_engine *e, kvs_cuda_stream *s)
 {
 	if (!s)
 		return;
 	use(e, s->dev);
-	CU(e, cuStreamSynchronize)(s->s);
-	if (s->dma) {
-		CU(e, cuStreamSynchronize)(s->dma);
-		CU(e, cuStreamDestroy)(s->dma);
-	}
-	if (s->cb) {
-		CU(e, cuStreamSynchronize)(s->cb);
-		CU(e, cuStreamDestroy)(s->cb);
-	}
-	CU(e, cuStreamDestroy)(s->s);
+	stream_retire(e, s->dma);
+	stream_retire(e, s->cb);
+	stream_retire(e, s->s);
 	for (int i = 0; i < STAGE_SLOTS; i++) {
 		if (s->full[i])
 			CU(e, cuEventDestroy)(s->full[i]);
@@ -502,8 +529,12 @@ void kvs_cuda_stream_destroy(kvs_cuda_engine *e, kvs_cuda_stream *s)
 	if (s->last)
 		CU(e, cuEventDestroy)(s->last);
 	if (s->stage) {
-		CU(e, cuMemFree)(s->stage);
-		e->st.staging_bytes -= s->slot_bytes * STAGE_SLOTS;
+		if (e->n_spare_stage[s->dev] < 4 && s->slot_bytes == e->stage_bytes / STAGE_SLOTS / 4096 * 4096) {
+			e->spare_stage[s->dev][e->n_spare_stage[s->dev]++] = s->stage; /* kept for the next */
+		} else {
+			CU(e, cuMemFree)(s->stage);
+			e->st.staging_bytes -= s->slot_bytes * STAGE_SLOTS;
+		}
 	}
 	free(s);
 }
@@ -522,8 +553,13 @@ static bool stage_ready(kvs_cuda_engine *e, kvs_cuda_stream *s)
 	if (r == CUDA_SUCCESS)
 		r = CU(e, cuEventCreate)(&s->last, CU_EVENT_DISABLE_TIMING);
 	s->slot_bytes = e->stage_bytes / STAGE_SLOTS / 4096 * 4096;
-	if (r == CUDA_SUCCESS)
+	bool reused = false;
+	if (r == CUDA_SUCCESS && e->n_spare_stage[s->dev]) {
+		s->stage = e->spare_stage[s->dev][--e->n_spare_stage[s->dev]];
+		reused = true;
+	} else if (r == CUDA_SUCCESS) {
 		r = CU(e, cuMemAlloc)(&s->stage, s->slot_bytes * STAGE_SLOTS);
+	}
 	if (r != CUDA_SUCCESS) {
 		s->stage = 0;
 		s->stage_off = true; /* the events and stream go with the stream */
@@ -531,7 +567,8 @@ static bool stage_ready(kvs_cuda_engine *e, kvs_cuda_stream *s)
 			 (unsigned long long)(e->stage_bytes >> 20), s->dev, kvs_cuda_strerror(r));
 		return false;
 	}
-	e->st.staging_bytes += s->slot_bytes * STAGE_SLOTS;
+	if (!reused)
+		e->st.staging_bytes += s->slot_bytes * STAGE_SLOTS;
 	/* work queued on s->s before staging existed: later submissions order
 	 * themselves after it through `last` */
 	if (CU(e, cuEventRecord)(s->last, s->s) != CUDA_SUCCESS)
@@ -596,10 +633,6 @@ static void put_buf(kvs_cuda_engine *e, desc_buf *b)
 	}
 }
 
-static bool in_arena(const kvs_cuda_engine *e, uintptr_t p)
-{
-	return p >= (uintptr_t)e->arena && p < (uintptr_t)e->arena + e->arena_size;
-}
 
 enum { DIR_NONE, DIR_D2H, DIR_H2D };
 
@@ -607,29 +640,24 @@ enum { DIR_NONE, DIR_D2H, DIR_H2D };
  * segment copies device memory into pinned L1, DIR_H2D for the reverse, and
  * DIR_NONE otherwise or when the L1 side's contiguous runs are on average
  * shorter than stage_min (then the kernel is faster than DMA). */
-static int staged_dir(kvs_cuda_engine *e, kvs_copy_task **tasks, uint32_t nt)
+static int staged_dir(kvs_cuda_engine *e, const kvs_copy_part *part)
 {
 	if (!e->have_kernel || !e->stage_bytes)
 		return DIR_NONE;
-	int dir = DIR_NONE;
+	/* the part says which side is L1; its L1 runs are the tasks' extents */
 	uint64_t runs = 0, total = 0;
 	uintptr_t end = 0;
-	for (uint32_t t = 0; t < nt; t++)
-		for (uint32_t i = 0; i < tasks[t]->n_segs; i++) {
-			const kvs_copy_seg *g = &tasks[t]->segs[i];
-			bool dh = in_arena(e, (uintptr_t)g->dst), sh = in_arena(e, (uintptr_t)g->src);
-			int d = dh && !sh ? DIR_D2H : sh && !dh ? DIR_H2D : DIR_NONE;
-			if (d == DIR_NONE || (dir != DIR_NONE && d != dir))
-				return DIR_NONE;
-			dir = d;
-			uintptr_t h = (uintptr_t)(d == DIR_D2H ? g->dst : g->src);
-			if (!zero_copy_ok(e, h, g->len))
-				return DIR_NONE;
-			runs += h != end;
-			end = h + g->len;
-			total += g->len;
-		}
-	return runs && total / runs >= e->stage_min ? dir : DIR_NONE;
+	for (uint32_t t = 0; t < part->n_tasks; t++) {
+		const kvs_copy_task *k = part->tasks[t];
+		if (!k->l1 || !zero_copy_ok(e, (uintptr_t)k->l1, k->l1_len))
+			return DIR_NONE;
+		runs += (uintptr_t)k->l1 != end;
+		end = (uintptr_t)k->l1 + k->l1_len;
+		total += k->l1_len;
+	}
+	if (!runs || total / runs < e->stage_min)
+		return DIR_NONE;
+	return part->dir == KVS_COPY_TO_L1 ? DIR_D2H : DIR_H2D;
 }
 
 static CUresult dma_runs(kvs_cuda_engine *e, CUstream st, CUdeviceptr *dst, CUdeviceptr *src, size_t *len, size_t n)
@@ -850,18 +878,13 @@ static CUresult submit_direct(kvs_cuda_engine *e, kvs_cuda_stream *s, kvs_copy_t
 }
 
 /* Does any segment write outside L1 (device memory)? */
-static bool writes_device(const kvs_cuda_engine *e, kvs_copy_task **tasks, uint32_t nt)
-{
-	for (uint32_t t = 0; t < nt; t++)
-		for (uint32_t i = 0; i < tasks[t]->n_segs; i++)
-			if (!in_arena(e, (uintptr_t)tasks[t]->segs[i].dst))
-				return true;
-	return false;
-}
 
-void kvs_cuda_submit(kvs_cuda_engine *e, kvs_cuda_stream *s, kvs_copy_task **tasks, uint32_t nt,
-		     const void *event, size_t event_len)
+void kvs_cuda_submit(kvs_cuda_engine *e, kvs_cuda_stream *s, const kvs_copy_part *part)
 {
+	kvs_copy_task **tasks = part->tasks;
+	uint32_t nt = part->n_tasks;
+	const void *event = part->event;
+	size_t event_len = part->event_len;
 	inflight *f = calloc(1, sizeof(*f));
 	kvs_copy_task **own = calloc(nt ? nt : 1, sizeof(*own));
 	e->st.tasks += nt;
@@ -892,7 +915,7 @@ void kvs_cuda_submit(kvs_cuda_engine *e, kvs_cuda_stream *s, kvs_copy_task **tas
 		r = CUDA_ERROR_INVALID_CONTEXT;
 		goto fail;
 	}
-	int dir = staged_dir(e, tasks, nt);
+	int dir = staged_dir(e, part);
 	/* several registrations retrieving through staging at once (several
 	 * DMA queues reading host memory) measured slower than the kernel: 0.91
 	 * against 0.93 of the ceiling with 4 ranks; one alone is faster staged.
@@ -906,7 +929,7 @@ void kvs_cuda_submit(kvs_cuda_engine *e, kvs_cuda_stream *s, kvs_copy_task **tas
 		s->h2d_staged++;
 		e->h2d_staged[s->dev]++;
 	}
-	bool writes = dir == DIR_H2D || (dir == DIR_NONE && writes_device(e, tasks, nt));
+	bool writes = part->dir == KVS_COPY_FROM_L1; /* retrieves write device memory */
 	/* the stream this submission starts on, and the one it ends on */
 	CUstream first = dir == DIR_H2D ? s->dma : s->s, final = dir == DIR_D2H ? s->dma : s->s;
 	if (event && event_len == sizeof(CUipcEventHandle)) {

@@ -12,7 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "copy_host.h"
+#include "copy.h"
 
 typedef struct kvs_cuda_engine kvs_cuda_engine;
 typedef struct kvs_cuda_map kvs_cuda_map;   /* one imported allocation */
@@ -71,8 +71,9 @@ void kvs_cuda_stream_destroy(kvs_cuda_engine *e, kvs_cuda_stream *s);
  * memory starts after the registration's previous part. The tasks complete
  * together: when the part's callback has run, each task's cq.done is called
  * on the loop. */
-void kvs_cuda_submit(kvs_cuda_engine *e, kvs_cuda_stream *s, kvs_copy_task **tasks, uint32_t n,
-		     const void *event, size_t event_len);
+void kvs_cuda_submit(kvs_cuda_engine *e, kvs_cuda_stream *s, const kvs_copy_part *part);
+/* The engine as a copy engine (copy.h); the stream is a kvs_cuda_stream. */
+kvs_copy_engine *kvs_cuda_copy_engine(kvs_cuda_engine *e);
 
 typedef struct kvs_cuda_stats {
 	uint64_t tasks, kernel_launches, dma_copies, fallback_copies, errors, pinned_bytes;

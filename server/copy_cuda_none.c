@@ -69,14 +69,19 @@ void kvs_cuda_stream_destroy(kvs_cuda_engine *e, kvs_cuda_stream *s) { (void)e, 
 
 /* Unreachable: a part reaches an engine only through a CUDA registration's
  * stream, which this build never creates. Fail its tasks all the same. */
-void kvs_cuda_submit(kvs_cuda_engine *e, kvs_cuda_stream *s, kvs_copy_task **tasks, uint32_t n,
-		     const void *event, size_t event_len)
+void kvs_cuda_submit(kvs_cuda_engine *e, kvs_cuda_stream *s, const kvs_copy_part *part)
 {
-	(void)e, (void)s, (void)event, (void)event_len;
-	for (uint32_t i = 0; i < n; i++) {
-		tasks[i]->result = KVS_E_DEVICE;
-		tasks[i]->cq.done(&tasks[i]->cq);
+	(void)e, (void)s;
+	for (uint32_t i = 0; i < part->n_tasks; i++) {
+		part->tasks[i]->result = KVS_E_DEVICE;
+		part->tasks[i]->cq.done(&part->tasks[i]->cq);
 	}
+}
+
+kvs_copy_engine *kvs_cuda_copy_engine(kvs_cuda_engine *e)
+{
+	(void)e;
+	return NULL;
 }
 
 void kvs_cuda_get_stats(kvs_cuda_engine *e, kvs_cuda_stats *st)

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 struct kvs_copy_pool {
+	kvs_copy_engine engine; /* first: the pool is its own engine */
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
 	kvs_copy_task *q_head, *q_tail; /* queued; guarded by mu */
@@ -67,6 +68,8 @@ static int copy_segs(const kvs_copy_task *t)
 	return 0;
 }
 
+static void pool_submit(kvs_copy_engine *e, void *stream, const kvs_copy_part *part);
+
 static void *worker(void *arg)
 {
 	kvs_copy_pool *p = arg;
@@ -110,6 +113,7 @@ int kvs_copy_pool_create(unsigned n, kvs_cq *cq, kvs_copy_pool **ret)
 	pthread_mutex_init(&p->mu, NULL);
 	pthread_cond_init(&p->cv, NULL);
 	p->cq = cq;
+	p->engine = (kvs_copy_engine){.submit = pool_submit, .name = "host"};
 	for (p->n = 0; p->n < n; p->n++) {
 		int e = pthread_create(&p->thr[p->n], NULL, worker, p);
 		if (e) {
@@ -149,5 +153,15 @@ void kvs_copy_pool_submit(kvs_copy_pool *p, kvs_copy_task *t)
 	pthread_cond_signal(&p->cv);
 	pthread_mutex_unlock(&p->mu);
 }
+
+static void pool_submit(kvs_copy_engine *e, void *stream, const kvs_copy_part *part)
+{
+	(void)stream;
+	kvs_copy_pool *p = (kvs_copy_pool *)e;
+	for (uint32_t i = 0; i < part->n_tasks; i++)
+		kvs_copy_pool_submit(p, part->tasks[i]);
+}
+
+kvs_copy_engine *kvs_copy_pool_engine(kvs_copy_pool *p) { return &p->engine; }
 
 uint64_t kvs_copy_pool_bytes(kvs_copy_pool *p) { return atomic_load(&p->bytes); }

@@ -12,22 +12,7 @@
 
 #include <stdint.h>
 
-#include "kvs_cq.h"
-
-typedef struct kvs_copy_seg {
-	void *dst;
-	const void *src;
-	uint64_t len;
-} kvs_copy_seg;
-
-typedef struct kvs_copy_task {
-	kvs_cq_item cq;             /* posted when the copy ended; done set by the submitter */
-	struct kvs_copy_task *next; /* queue link, engine-private */
-	kvs_copy_seg *segs;         /* owned by the task */
-	uint32_t n_segs;
-	int result;                 /* 0, or an error set by the engine */
-	void *owner;                /* the submitter's context (job part) */
-} kvs_copy_task;
+#include "copy.h"
 
 typedef struct kvs_copy_pool kvs_copy_pool;
 
@@ -38,6 +23,9 @@ int kvs_copy_pool_create(unsigned n, kvs_cq *cq, kvs_copy_pool **ret);
 void kvs_copy_pool_destroy(kvs_copy_pool *p);
 /* Queues a task (ownership passes to the pool until it is posted). */
 void kvs_copy_pool_submit(kvs_copy_pool *p, kvs_copy_task *t);
+/* The pool as a copy engine (copy.h): submit queues every task of the part;
+ * the stream is NULL. */
+kvs_copy_engine *kvs_copy_pool_engine(kvs_copy_pool *p);
 /* Bytes copied so far (statistics). */
 uint64_t kvs_copy_pool_bytes(kvs_copy_pool *p);
 

@@ -14,8 +14,6 @@
 #include <string.h>
 
 #define KVS_LOG_COMPONENT "jobs"
-#include "copy_host.h"
-#include "copy_cuda.h"
 #include "events.h"
 #include "keys.h"
 #include "kvs_l1.h"
@@ -74,6 +72,7 @@ struct kvs_job {
 	uint64_t deadline_ms;
 	kvs_part *parts; /* world entries, by rank */
 	kvs_server *srv; /* for completion callbacks */
+	kvs_job *older, *newer; /* the open list, by creation (so by deadline) */
 };
 
 /* A terminal job remembered to answer repeats. The table is bounded: the
@@ -90,6 +89,9 @@ typedef struct kvs_terminal {
 
 struct kvs_jobs {
 	kvs_htab *open;     /* kvs_job by key */
+	/* the same open jobs, oldest first: deadlines are creation + one
+	 * constant, so expiry walks from the oldest end and stops early */
+	kvs_job *oldest, *newest;
 	kvs_htab *terminal; /* kvs_terminal by key */
 	kvs_terminal **ring; /* FIFO of terminal entries, cap entries */
 	uint32_t cap, head, count;
@@ -201,11 +203,7 @@ static void push_job_done(kvs_server *srv, kvs_job *job, uint8_t state)
 			sent[n_sent++] = sid;
 		kvs__send_to_session(srv, sid, &m);
 	}
-	size_t pos = 0;
-	kvs_session *s;
-	while ((s = kvs_htab_next(srv->sessions, &pos)) != NULL)
-		if (s->role == KVS_ROLE_SCHEDULER && strcmp(s->engine, job->engine) == 0)
-			kvs__reply(srv, s->ident, s->ident_len, &m);
+	kvs__push_to_schedulers(srv, job->engine, &m);
 }
 
 /* Before a store commits its object: a private staging copy takes the
@@ -317,6 +315,8 @@ static uint8_t try_finalize(kvs_server *srv, kvs_job *job)
 	for (uint32_t r = 0; r < job->world; r++)
 		part_release(srv, &job->parts[r], commit);
 	kvs_htab_del(J->open, job->key);
+	*(job->older ? &job->older->newer : &J->oldest) = job->newer;
+	*(job->newer ? &job->newer->older : &J->newest) = job->older;
 	if (commit)
 		J->st.committed++;
 	else
@@ -365,10 +365,14 @@ static kvs_job *job_new(kvs_server *srv, kvs_session *s, const uint8_t key[JOBKE
 	job->srv = srv;
 	for (uint32_t r = 0; r < s->world; r++)
 		job->parts[r].job = job;
-	if (kvs_htab_put(srv->jobs->open, job) < 0) {
+	kvs_jobs *J = srv->jobs;
+	if (kvs_htab_put(J->open, job) < 0) {
 		job_free(job);
 		return NULL;
 	}
+	job->older = J->newest;
+	*(J->newest ? &J->newest->newer : &J->oldest) = job;
+	J->newest = job;
 	return job;
 }
 
@@ -380,21 +384,18 @@ static void reply_state(kvs_server *srv, kvs_session *s, const kvs_msg *rq, uint
 
 /* ---- store / retrieve ---------------------------------------------------------- */
 
-/* Hands a part's tasks to the registration's copy engine: one batch on its
- * CUDA stream for device memory (one launch, one completion), the host pool
- * for memfds. */
 static void task_done(kvs_cq_item *it);
 
-static void engine_submit(kvs_server *srv, const kvs_reg *g, kvs_copy_task **tasks, uint32_t n,
-			  const kvs_bytes *event)
+/* Hands a part's tasks to the registration's copy engine (chosen at
+ * register): one batch on its CUDA stream for device memory (one launch,
+ * one completion), the host pool for memfds. */
+static void engine_submit(const kvs_reg *g, kvs_op kind, kvs_copy_task **tasks, uint32_t n, const kvs_bytes *event)
 {
-	if (g->stream) {
-		if (n)
-			kvs_cuda_submit(srv->cuda, g->stream, tasks, n, event ? event->ptr : NULL, event ? event->len : 0);
+	if (!n)
 		return;
-	}
-	for (uint32_t i = 0; i < n; i++)
-		kvs_copy_pool_submit(srv->pool, tasks[i]);
+	kvs_copy_part part = {.dir = kind == KVS_OP_STORE ? KVS_COPY_TO_L1 : KVS_COPY_FROM_L1, .tasks = tasks,
+			      .n_tasks = n, .event = event ? event->ptr : NULL, .event_len = event ? event->len : 0};
+	g->engine->submit(g->engine, g->stream, &part);
 }
 
 static void part_submit(kvs_server *srv, kvs_part *p, kvs_copy_task **tasks, uint32_t n)
@@ -405,7 +406,7 @@ static void part_submit(kvs_server *srv, kvs_part *p, kvs_copy_task **tasks, uin
 		tasks[i]->owner = p;
 		tasks[i]->cq.done = task_done;
 	}
-	engine_submit(srv, p->reg, tasks, n, NULL);
+	engine_submit(p->reg, KVS_OP_RETRIEVE, tasks, n, NULL);
 }
 
 /* A retrieve part whose promotions all ended: fail it or release its copies. */
@@ -603,7 +604,7 @@ static int op_part(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
 			pl.tasks[i]->owner = p;
 			pl.tasks[i]->cq.done = task_done;
 		}
-		engine_submit(srv, g, pl.tasks, pl.n_tasks, rq->producer_event.len ? &rq->producer_event : NULL);
+		engine_submit(g, KVS_OP_STORE, pl.tasks, pl.n_tasks, rq->producer_event.len ? &rq->producer_event : NULL);
 		free(pl.tasks);
 		reply_state(srv, s, rq, KVS_JOB_OPEN);
 		return 0;
@@ -710,7 +711,7 @@ static void task_done(kvs_cq_item *it)
 	for (uint32_t i = 0; i < t->n_segs; i++)
 		tb += t->segs[i].len;
 	srv->jobs->st.copy_bytes += tb;
-	srv->jobs->st.copy_bytes_dir[job->kind == KVS_OP_RETRIEVE][p->reg && p->reg->stream != NULL] += tb;
+	srv->jobs->st.copy_bytes_dir[job->kind == KVS_OP_RETRIEVE][p->reg && p->reg->dev_type == KVS_DEV_CUDA] += tb;
 	if (t->result && !p->copy_err)
 		p->copy_err = t->result;
 	free(t->segs);
@@ -751,17 +752,19 @@ static void for_each_open(kvs_server *srv, bool (*pred)(kvs_server *, kvs_job *,
 	free(list);
 }
 
-static bool expire_pred(kvs_server *srv, kvs_job *job, void *arg)
-{
-	if (job->aborting || job->deadline_ms > srv->now_ms)
-		return false;
-	job_abort(srv, job, "deadline of %llu ms passed", (unsigned long long)srv->cfg.job_deadline_ms);
-	return true;
-}
-
+/* Aborts the jobs whose deadline passed: O(expired), from the oldest end.
+ * Aborting jobs still waiting for copies stay at that end until they end. */
 void kvs_jobs_tick(kvs_server *srv)
 {
-	for_each_open(srv, expire_pred, NULL);
+	kvs_job *job = srv->jobs->oldest;
+	while (job && job->deadline_ms <= srv->now_ms) {
+		kvs_job *next = job->newer; /* finalising frees this job, no other */
+		if (!job->aborting) {
+			job_abort(srv, job, "deadline of %llu ms passed", (unsigned long long)srv->cfg.job_deadline_ms);
+			try_finalize(srv, job);
+		}
+		job = next;
+	}
 }
 
 static bool gone_pred(kvs_server *srv, kvs_job *job, void *arg)

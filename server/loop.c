@@ -344,8 +344,10 @@ int kvs_server_create(const kvs_server_config *cfg, kvs_server **ret)
 		goto err_free;
 	if ((r = kvs_htab_create(16, offsetof(kvs_parked, token), &srv->parked)) < 0)
 		goto err_sessions;
-	if ((r = kvs_cq_create(&srv->cq)) < 0)
+	if ((r = kvs__routes_create(srv)) < 0)
 		goto err_parked;
+	if ((r = kvs_cq_create(&srv->cq)) < 0)
+		goto err_routes;
 	if ((r = kvs__broker_open(srv)) < 0)
 		goto err_efd;
 	if ((r = modules_init(srv)) < 0)
@@ -406,6 +408,8 @@ err_broker:
 	kvs__broker_close(srv);
 err_efd:
 	kvs_cq_destroy(srv->cq);
+err_routes:
+	kvs__routes_destroy(srv);
 err_parked:
 	kvs_htab_destroy(srv->parked);
 err_sessions:
@@ -439,6 +443,7 @@ void kvs_server_destroy(kvs_server *srv)
 	if (srv->zctx)
 		zmq_ctx_term(srv->zctx);
 	kvs_cq_destroy(srv->cq);
+	kvs__routes_destroy(srv);
 	kvs_htab_destroy(srv->parked);
 	kvs_htab_destroy(srv->sessions);
 	free(srv);

@@ -243,6 +243,8 @@ int kvs_plan_store(kvs_planner *P, const kvs_plan_who *who, const kvs_reg *g, co
 			if (!t)
 				return fail(pl, KVS_E_INTERNAL, "out of memory");
 			uint8_t *dst = kvs_l1_data(o);
+			t->l1 = dst;
+			t->l1_len = G->obj_bytes;
 			for (uint32_t li = 0; li < G->n_layers; li++) {
 				const kvs_view *v = &g->views[G->layers[li]];
 				for (uint32_t b = b0; b < b1; b++) {
@@ -370,6 +372,8 @@ int kvs_plan_retrieve(kvs_planner *P, const kvs_plan_who *who, const kvs_reg *g,
 				pl->stopped = KVS_E_INTERNAL;
 				break;
 			}
+			t->l1 = (uint8_t *)from;
+			t->l1_len = G->obj_bytes;
 			retrieve_segs(g, G, ids, want, from, t);
 			pl->tasks[pl->n_tasks++] = t;
 		}

@@ -13,7 +13,7 @@
 
 #include <stdint.h>
 
-#include "copy_host.h"
+#include "copy.h"
 #include "kvs_l1.h"
 #include "kvs_proto.h"
 #include "registry.h"

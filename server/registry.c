@@ -18,6 +18,7 @@
 #include "keys.h"
 #include "reply.h"
 #include "copy_cuda.h"
+#include "copy_host.h"
 #include "import.h"
 
 struct kvs_registry {
@@ -420,6 +421,85 @@ fail:
 	return r;
 }
 
+static void reg_free_shell(kvs_reg *g)
+{
+	for (uint32_t gi = 0; g->groups && gi < g->n_groups; gi++)
+		free(g->groups[gi].layers);
+	free(g->groups);
+	free(g->views);
+	free(g->imports);
+	free(g);
+}
+
+/* The layout fingerprint of a group (the L2 header's geometry): kind,
+ * tokens/blocks per chunk, window, each layer's block_bytes. */
+static uint64_t group_fingerprint(const kvs_reg_group *G, const kvs_msg *rq)
+{
+	uint64_t out;
+	crypto_generichash_state hs;
+	uint64_t fp[5] = {G->desc.kind, G->desc.tokens_per_block, G->desc.blocks_per_chunk,
+			  (uint64_t)G->desc.window_chunks, G->n_layers};
+	crypto_generichash_init(&hs, NULL, 0, 8);
+	crypto_generichash_update(&hs, (const uint8_t *)fp, sizeof(fp));
+	for (uint32_t k = 0; k < G->n_layers; k++)
+		crypto_generichash_update(&hs, (const uint8_t *)&rq->layers[G->layers[k]].block_bytes, 8);
+	crypto_generichash_final(&hs, (uint8_t *)&out, 8);
+	return out;
+}
+
+/* A registration's groups and views over its imports and ranges (validated
+ * request). NULL when memory runs out (nothing kept; spans stay the caller's). */
+static kvs_reg *reg_build(const kvs_msg *rq, kvs_import *const *imps, kvs_span *spans, uint32_t n_spans)
+{
+	uint32_t n = rq->n_allocs;
+	uint8_t *range_base[KVS_MAX_ALLOCS] = {0};
+	for (uint32_t k = 0; k < n_spans; k++)
+		range_base[spans[k].head] = spans[k].base;
+	kvs_reg *g = calloc(1, sizeof(*g));
+	if (!g)
+		return NULL;
+	g->groups = calloc(rq->n_groups, sizeof(*g->groups));
+	g->views = calloc(rq->n_layers, sizeof(*g->views));
+	g->imports = calloc(n, sizeof(*g->imports));
+	g->n_groups = rq->n_groups;
+	if (!g->groups || !g->views || !g->imports)
+		goto fail;
+	g->n_imports = n;
+	memcpy(g->imports, imps, n * sizeof(*imps));
+	for (uint32_t gi = 0; gi < rq->n_groups; gi++) {
+		kvs_reg_group *G = &g->groups[gi];
+		G->desc = rq->groups[gi];
+		G->layers = calloc(rq->n_layers, sizeof(uint32_t));
+		if (!G->layers)
+			goto fail;
+		for (uint32_t li = 0; li < rq->n_layers; li++) {
+			const kvs_layer_desc *l = &rq->layers[li];
+			if (l->group != G->desc.id)
+				continue;
+			G->layers[G->n_layers++] = li;
+			G->num_blocks = l->num_blocks;
+			/* attention: every block of the chunk; recurrent: the one state
+			 * block at the chunk's end boundary */
+			G->obj_bytes += l->block_bytes * (G->desc.kind == KVS_GROUP_RECURRENT ? 1 : G->desc.blocks_per_chunk);
+		}
+		G->geom = group_fingerprint(G, rq);
+	}
+	g->n_views = rq->n_layers;
+	for (uint32_t li = 0; li < rq->n_layers; li++) {
+		const kvs_layer_desc *l = &rq->layers[li];
+		uint8_t *base = range_base[l->alloc] ? range_base[l->alloc] : imps[l->alloc]->base;
+		g->views[li] = (kvs_view){.base = base + l->offset, .num_blocks = l->num_blocks,
+					  .stride = l->block_stride, .block_bytes = l->block_bytes,
+					  .imp = imps[l->alloc]};
+	}
+	g->spans = spans;
+	g->n_spans = n_spans;
+	return g;
+fail:
+	reg_free_shell(g);
+	return NULL;
+}
+
 /* A refused registration is an engine misconfiguration the operator should
  * see (the engine gets the same text in the error reply). */
 int kvs__op_register(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
@@ -484,60 +564,9 @@ static int op_register(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
 		i = n;
 		goto err_imports;
 	}
-	uint8_t *range_base[KVS_MAX_ALLOCS] = {0};
-	for (uint32_t k = 0; k < n_spans; k++)
-		range_base[spans[k].head] = spans[k].base;
-
-	g = calloc(1, sizeof(*g));
+	g = reg_build(rq, imps, spans, n_spans);
 	if (!g)
 		goto err_nomem;
-	g->spans = spans;
-	g->n_spans = n_spans;
-	g->groups = calloc(rq->n_groups, sizeof(*g->groups));
-	g->views = calloc(rq->n_layers, sizeof(*g->views));
-	g->imports = calloc(n, sizeof(*g->imports));
-	if (!g->groups || !g->views || !g->imports)
-		goto err_nomem;
-	g->n_imports = n;
-	memcpy(g->imports, imps, n * sizeof(*imps));
-	g->n_groups = rq->n_groups;
-	for (uint32_t gi = 0; gi < rq->n_groups; gi++) {
-		kvs_reg_group *G = &g->groups[gi];
-		G->desc = rq->groups[gi];
-		G->layers = calloc(rq->n_layers, sizeof(uint32_t));
-		if (!G->layers)
-			goto err_nomem;
-		for (uint32_t li = 0; li < rq->n_layers; li++) {
-			const kvs_layer_desc *l = &rq->layers[li];
-			if (l->group != G->desc.id)
-				continue;
-			G->layers[G->n_layers++] = li;
-			G->num_blocks = l->num_blocks;
-			/* attention: every block of the chunk; recurrent: the one state
-			 * block at the chunk's end boundary */
-			G->obj_bytes += l->block_bytes *
-					(G->desc.kind == KVS_GROUP_RECURRENT ? 1 : G->desc.blocks_per_chunk);
-		}
-	}
-	for (uint32_t gi = 0; gi < rq->n_groups; gi++) {
-		kvs_reg_group *G = &g->groups[gi];
-		crypto_generichash_state hs;
-		uint64_t fp[5] = {G->desc.kind, G->desc.tokens_per_block, G->desc.blocks_per_chunk,
-				  (uint64_t)G->desc.window_chunks, G->n_layers};
-		crypto_generichash_init(&hs, NULL, 0, 8);
-		crypto_generichash_update(&hs, (const uint8_t *)fp, sizeof(fp));
-		for (uint32_t k = 0; k < G->n_layers; k++)
-			crypto_generichash_update(&hs, (const uint8_t *)&rq->layers[G->layers[k]].block_bytes, 8);
-		crypto_generichash_final(&hs, (uint8_t *)&G->geom, 8);
-	}
-	g->n_views = rq->n_layers;
-	for (uint32_t li = 0; li < rq->n_layers; li++) {
-		const kvs_layer_desc *l = &rq->layers[li];
-		uint8_t *base = range_base[l->alloc] ? range_base[l->alloc] : imps[l->alloc]->base;
-		g->views[li] = (kvs_view){.base = base + l->offset, .num_blocks = l->num_blocks,
-					  .stride = l->block_stride, .block_bytes = l->block_bytes,
-					  .imp = imps[l->alloc]};
-	}
 	do
 		randombytes_buf(&g->id, sizeof(g->id));
 	while (g->id == 0 || kvs_htab_get(R->regs, &g->id));
@@ -546,6 +575,7 @@ static int op_register(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
 	g->world = s->world;
 	g->rank = s->rank;
 	g->dev_type = rq->device.type;
+	g->engine = g->dev_type == KVS_DEV_CUDA ? kvs_cuda_copy_engine(srv->cuda) : kvs_copy_pool_engine(srv->pool);
 	if (g->dev_type == KVS_DEV_CUDA &&
 	    kvs_cuda_stream_create(srv->cuda, kvs_cuda_map_device(imps[0]->cmap), &g->stream) != 0)
 		goto err_nomem;
@@ -582,14 +612,8 @@ static int op_register(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
 err_nomem:
 	r = kvs__fail(srv, KVS_E_INTERNAL, "out of memory");
 	spans_free(R, spans, n_spans);
-	if (g) {
-		for (uint32_t gi = 0; g->groups && gi < g->n_groups; gi++)
-			free(g->groups[gi].layers);
-		free(g->groups);
-		free(g->views);
-		free(g->imports);
-		free(g);
-	}
+	if (g)
+		reg_free_shell(g);
 	i = n;
 err_imports:
 	/* release exactly what this attempt acquired, newest first */

@@ -62,7 +62,8 @@ typedef struct kvs_reg {
 	struct kvs_span *spans;
 	uint32_t leases;
 	bool dead;
-	struct kvs_cuda_stream *stream; /* cuda registrations: their copy stream */
+	struct kvs_copy_engine *engine; /* what copies its parts (copy.h) */
+	struct kvs_cuda_stream *stream; /* cuda registrations: their copy stream; host: NULL */
 	/* a pending unregister reply (id != 0) and its drain deadline */
 	uint64_t unreg_id;
 	uint64_t unreg_deadline_ms;

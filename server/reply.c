@@ -1,7 +1,9 @@
 /* Replies and pushes: encode a message and send it to a ZeroMQ routing id or
  * to a session's latest one. Below every handler (handlers depend on it, it
  * depends on no handler). Main-loop thread only. */
+#include <errno.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,6 +11,7 @@
 
 #define KVS_LOG_COMPONENT "server"
 #include "kvs_log.h"
+#include "keys.h"
 #include "reply.h"
 
 int kvs__fail(kvs_server *srv, int code, const char *fmt, ...)
@@ -106,3 +109,84 @@ void kvs__err_to_session(kvs_server *srv, uint64_t session, kvs_op op, uint64_t 
 	va_end(ap);
 }
 
+
+/* ---- scheduler routes ---------------------------------------------------------
+ * job_done goes to every scheduler session of the job's engine: an index by
+ * engine (BLAKE2b-128 of its name) so a push costs the engine's schedulers,
+ * not a scan of every session. */
+typedef struct sched_route {
+	uint8_t key[16]; /* digest of the engine name */
+	kvs_session **s;
+	uint32_t n, cap;
+} sched_route;
+
+int kvs__route_scheduler_add(kvs_server *srv, kvs_session *s)
+{
+	uint8_t key[16];
+	kvs_ns_digest(s->engine, key);
+	sched_route *rt = kvs_htab_get(srv->schedulers, key);
+	if (!rt) {
+		if (!(rt = calloc(1, sizeof(*rt))))
+			return -ENOMEM;
+		memcpy(rt->key, key, 16);
+		if (kvs_htab_put(srv->schedulers, rt) < 0) {
+			free(rt);
+			return -ENOMEM;
+		}
+	}
+	if (rt->n == rt->cap) {
+		uint32_t nc = rt->cap ? 2 * rt->cap : 4;
+		kvs_session **ns = realloc(rt->s, nc * sizeof(*ns));
+		if (!ns) {
+			if (!rt->n) {
+				kvs_htab_del(srv->schedulers, key);
+				free(rt);
+			}
+			return -ENOMEM;
+		}
+		rt->s = ns;
+		rt->cap = nc;
+	}
+	rt->s[rt->n++] = s;
+	return 0;
+}
+
+void kvs__route_scheduler_del(kvs_server *srv, kvs_session *s)
+{
+	uint8_t key[16];
+	kvs_ns_digest(s->engine, key);
+	sched_route *rt = kvs_htab_get(srv->schedulers, key);
+	for (uint32_t i = 0; rt && i < rt->n; i++) {
+		if (rt->s[i] != s)
+			continue;
+		rt->s[i] = rt->s[--rt->n];
+		if (!rt->n) {
+			kvs_htab_del(srv->schedulers, key);
+			free(rt->s);
+			free(rt);
+		}
+		return;
+	}
+}
+
+void kvs__push_to_schedulers(kvs_server *srv, const char *engine, kvs_msg *msg)
+{
+	uint8_t key[16];
+	kvs_ns_digest(engine, key);
+	sched_route *rt = kvs_htab_get(srv->schedulers, key);
+	for (uint32_t i = 0; rt && i < rt->n; i++)
+		kvs__reply(srv, rt->s[i]->ident, rt->s[i]->ident_len, msg);
+}
+
+int kvs__routes_create(kvs_server *srv) { return kvs_htab_create(16, offsetof(sched_route, key), &srv->schedulers); }
+
+void kvs__routes_destroy(kvs_server *srv)
+{
+	size_t pos = 0;
+	sched_route *rt;
+	while ((rt = kvs_htab_next(srv->schedulers, &pos)) != NULL) {
+		free(rt->s);
+		free(rt);
+	}
+	kvs_htab_destroy(srv->schedulers);
+}

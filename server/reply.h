@@ -20,4 +20,14 @@ void kvs__send_to_session(kvs_server *srv, uint64_t session, kvs_msg *msg);
 void kvs__err_to_session(kvs_server *srv, uint64_t session, kvs_op op, uint64_t id, int code,
 			 const char *fmt, ...) __attribute__((format(printf, 6, 7)));
 
+
+/* Scheduler sessions by engine (pushes of job_done). add: 0 or -ENOMEM;
+ * del: a session not added is ignored. */
+int kvs__route_scheduler_add(kvs_server *srv, kvs_session *s);
+void kvs__route_scheduler_del(kvs_server *srv, kvs_session *s);
+/* Sends msg to every scheduler session of engine. */
+void kvs__push_to_schedulers(kvs_server *srv, const char *engine, kvs_msg *msg);
+int kvs__routes_create(kvs_server *srv);
+void kvs__routes_destroy(kvs_server *srv); /* sessions are gone by then */
+
 #endif

@@ -126,6 +126,7 @@ struct kvs_server {
 	bool stopping;
 
 	kvs_htab *sessions; /* kvs_session by id */
+	kvs_htab *schedulers; /* scheduler sessions by engine digest (reply.c) */
 	kvs_htab *parked;   /* kvs_parked by token */
 	kvs_htab *consumed; /* recently claimed tokens (ring entries), refused if replayed */
 	struct kvs_token_ent { uint8_t token[16]; } *consumed_ring;

@@ -17,10 +17,11 @@
  * registrations die (released once their copies drained). */
 static void session_gone(kvs_server *srv, kvs_session *s)
 {
-	if (!srv->jobs)
-		return;
-	kvs_jobs_session_gone(srv, s);
-	kvs_registry_session_gone(srv, s->id);
+	kvs__route_scheduler_del(srv, s);
+	if (srv->jobs) {
+		kvs_jobs_session_gone(srv, s);
+		kvs_registry_session_gone(srv, s->id);
+	}
 }
 
 int kvs__op_hello(kvs_server *srv, const void *ident, size_t ident_len, const kvs_msg *rq)
@@ -48,6 +49,11 @@ int kvs__op_hello(kvs_server *srv, const void *ident, size_t ident_len, const kv
 	s->world = rq->world;
 	s->expires_ms = srv->now_ms + srv->cfg.ttl_ms;
 	if (kvs_htab_put(srv->sessions, s) < 0) {
+		free(s);
+		return kvs__fail(srv, KVS_E_INTERNAL, "out of memory");
+	}
+	if (s->role == KVS_ROLE_SCHEDULER && kvs__route_scheduler_add(srv, s) < 0) {
+		kvs_htab_del(srv->sessions, &s->id);
 		free(s);
 		return kvs__fail(srv, KVS_E_INTERNAL, "out of memory");
 	}
