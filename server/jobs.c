@@ -46,6 +46,7 @@ typedef struct kvs_part {
 	int copy_err;
 	kvs_l1_obj **objs;
 	uint64_t *geoms; /* store: L2 geometry fingerprint per object */
+	uint32_t *chunk; /* store: the chunk (key index) of each object */
 	uint8_t *evh;    /* store: engine block hash per object (event_hashes), or NULL */
 	uint32_t n_objs;
 	uint64_t retained;
@@ -97,8 +98,27 @@ struct kvs_jobs {
 	uint32_t cap, head, count;
 	uint64_t retained; /* sum of part->retained over open jobs */
 	kvs_planner *planner;
+	uint64_t write_group; /* the write-behind group of the job finalising now */
 	kvs_jobs_stats st;
 };
+
+/* The planner found no room in L1 for a store: pending write-behind pins
+ * give way first (the oldest job's latest chunks first), never the store. */
+static uint64_t shed_writes(void *arg, uint64_t bytes)
+{
+	kvs_server *srv = arg;
+	if (!srv->l2)
+		return 0;
+	void *cookies[256];
+	uint64_t freed = 0;
+	uint32_t n = kvs_l2_shed(srv->l2, bytes, cookies, 256);
+	for (uint32_t i = 0; i < n; i++) {
+		freed += kvs_l1_len(cookies[i]);
+		kvs_l1_unpin(srv->l1, cookies[i]); /* the write-behind pin */
+	}
+	srv->jobs->st.writes_shed += n;
+	return freed;
+}
 
 int kvs_jobs_create(kvs_server *srv, kvs_jobs **ret)
 {
@@ -114,6 +134,8 @@ int kvs_jobs_create(kvs_server *srv, kvs_jobs **ret)
 		r = kvs_htab_create(JOBKEY_BYTES, offsetof(kvs_terminal, key), &j->terminal);
 	if (!r)
 		r = kvs_planner_create(srv->l1, &j->planner);
+	if (!r)
+		kvs_planner_set_room(j->planner, shed_writes, srv);
 	if (r) {
 		kvs_htab_destroy(j->terminal);
 		kvs_htab_destroy(j->open);
@@ -255,8 +277,8 @@ static void part_release(kvs_server *srv, kvs_part *p, bool commit)
 					/* written behind; pinned until the writer has copied it */
 					kvs_l1_obj *o = p->objs[i];
 					kvs_l1_pin(srv->l1, o);
-					if (kvs_l2_write(srv->l2, kvs_l1_key(o), p->geoms[i], kvs_l1_data(o),
-							 kvs_l1_len(o), o) != 0)
+					if (kvs_l2_write_in(srv->l2, kvs_l1_key(o), p->geoms[i], kvs_l1_data(o), kvs_l1_len(o),
+							    o, J->write_group, p->chunk[i]) != 0)
 						kvs_l1_unpin(srv->l1, o);
 				}
 			} else {
@@ -268,9 +290,11 @@ static void part_release(kvs_server *srv, kvs_part *p, bool commit)
 	}
 	free(p->objs);
 	free(p->geoms);
+	free(p->chunk);
 	free(p->evh);
 	p->objs = NULL;
 	p->geoms = NULL;
+	p->chunk = NULL;
 	p->evh = NULL;
 	p->n_objs = 0;
 	J->retained -= p->retained;
@@ -311,7 +335,9 @@ static uint8_t try_finalize(kvs_server *srv, kvs_job *job)
 	uint8_t state = commit ? KVS_JOB_COMMITTED : KVS_JOB_ABORTED;
 	if (commit)
 		snprintf(job->reason, sizeof(job->reason), "%s", "all ranks completed");
-	/* store: every object of every rank becomes visible in this one step */
+	/* store: every object of every rank becomes visible in this one step;
+	 * its write-behind is one group (all ranks: a hit needs every rank) */
+	J->write_group++;
 	for (uint32_t r = 0; r < job->world; r++)
 		part_release(srv, &job->parts[r], commit);
 	kvs_htab_del(J->open, job->key);
@@ -594,6 +620,7 @@ static int op_part(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
 	if (rq->op == KVS_OP_STORE) {
 		p->objs = pl.objs;
 		p->geoms = pl.geoms;
+		p->chunk = pl.chunk;
 		p->evh = pl.evh;
 		p->n_objs = pl.n_objs;
 		p->retained = pl.retained;

@@ -35,6 +35,7 @@ typedef struct kvs_jobs_stats {
 	uint64_t store_objects, store_skipped, store_staged, retrieve_objects, copy_bytes;
 	uint64_t copy_bytes_dir[2][2]; /* [0 store (device->L1) / 1 retrieve][0 host / 1 cuda] */
 	uint64_t parts, part_ns; /* store/retrieve parts accepted; loop time doing so */
+	uint64_t writes_shed;    /* pending L2 writes dropped to make room for a store */
 } kvs_jobs_stats;
 void kvs_jobs_get_stats(const kvs_jobs *j, kvs_jobs_stats *st);
 

@@ -138,6 +138,12 @@ static int modules_init(kvs_server *srv)
 		l2c.path = srv->cfg.l2_path;
 		l2c.size = srv->cfg.l2_size;
 		l2c.sync = srv->cfg.l2_sync;
+		/* pending writes pin their L1 objects: keep those pins well below
+		 * L1 so write-behind can never crowd out stores (issue 16 #6) */
+		if (l2c.queue_max_bytes > srv->cfg.l1_size / 4)
+			l2c.queue_max_bytes = srv->cfg.l1_size / 4;
+		if (l2c.batch_bytes > srv->cfg.l1_size / 8) /* a batch in writing cannot be shed */
+			l2c.batch_bytes = srv->cfg.l1_size / 8 ? srv->cfg.l1_size / 8 : 1;
 		l2c.cq = srv->cq;
 		l2c.on_done = l2_done;
 		l2c.done_arg = srv;

@@ -16,6 +16,8 @@ struct kvs_planner {
 	uint32_t stage_nonce; /* pads of private staging copies (never 0) */
 	uint64_t *bits;       /* scratch bitmap over block ids, all zero between uses */
 	uint64_t bits_words;
+	kvs_plan_room_fn room;
+	void *room_arg;
 };
 
 static int fail(kvs_plan *pl, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -44,6 +46,12 @@ void kvs_planner_destroy(kvs_planner *p)
 		return;
 	free(p->bits);
 	free(p);
+}
+
+void kvs_planner_set_room(kvs_planner *p, kvs_plan_room_fn fn, void *arg)
+{
+	p->room = fn;
+	p->room_arg = arg;
 }
 
 uint32_t kvs_planner_nonce(kvs_planner *p)
@@ -161,6 +169,10 @@ static int reserve(kvs_planner *P, kvs_objkey *key, const kvs_reg_group *G, kvs_
 		if (r == 0)
 			pl->staged++;
 	}
+	/* pins of pending write-behind must never refuse a store (protocol
+	 * §10.2): let some go and try once more */
+	if (r == KVS_E_NOSPACE && P->room && P->room(P->room_arg, G->obj_bytes) > 0)
+		r = kvs_l1_reserve(P->l1, key, G->obj_bytes, o);
 	if (r)
 		return fail(pl, r == KVS_E_NOSPACE ? KVS_E_NOSPACE : KVS_E_INTERNAL, "L1 cannot hold %llu more bytes: %s",
 			    (unsigned long long)G->obj_bytes, kvs_strerror(r));
@@ -199,8 +211,9 @@ int kvs_plan_store(kvs_planner *P, const kvs_plan_who *who, const kvs_reg *g, co
 	uint64_t max = (uint64_t)rq->n_keys * g->n_groups;
 	pl->objs = calloc(max ? max : 1, sizeof(*pl->objs));
 	pl->geoms = calloc(max ? max : 1, sizeof(*pl->geoms));
+	pl->chunk = calloc(max ? max : 1, sizeof(*pl->chunk));
 	pl->tasks = calloc(max ? max : 1, sizeof(*pl->tasks));
-	if (!pl->objs || !pl->geoms || !pl->tasks)
+	if (!pl->objs || !pl->geoms || !pl->chunk || !pl->tasks)
 		return fail(pl, KVS_E_INTERNAL, "out of memory");
 	if (rq->n_event_hashes && rq->n_event_hashes != rq->n_keys)
 		return fail(pl, KVS_E_GEOMETRY, "event_hashes: %u hashes for %u keys (one per key, or none)",
@@ -235,6 +248,7 @@ int kvs_plan_store(kvs_planner *P, const kvs_plan_who *who, const kvs_reg *g, co
 			if (r)
 				return r;
 			pl->geoms[pl->n_objs] = G->geom;
+			pl->chunk[pl->n_objs] = k;
 			if (pl->evh)
 				memcpy(pl->evh + (size_t)pl->n_objs * KVS_KEY_BYTES, rq->event_hashes + (size_t)k * KVS_KEY_BYTES,
 				       KVS_KEY_BYTES);
@@ -401,6 +415,7 @@ void kvs_plan_undo(kvs_l1 *l1, kvs_plan *pl, kvs_op kind)
 	kvs_plan_free_tasks(pl->tasks, pl->n_tasks);
 	free(pl->objs);
 	free(pl->geoms);
+	free(pl->chunk);
 	free(pl->evh);
 	memset(pl, 0, sizeof(*pl));
 }

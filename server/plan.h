@@ -23,6 +23,7 @@ typedef struct kvs_planner kvs_planner;
 typedef struct kvs_plan {
 	kvs_l1_obj **objs; /* store: reserved; retrieve: pinned by the source */
 	uint64_t *geoms;   /* store: L2 geometry fingerprint per object */
+	uint32_t *chunk;   /* store: the chunk (key index) of each object */
 	uint8_t *evh;      /* store with event_hashes: the engine hash of each object's chunk */
 	uint32_t n_objs;
 	kvs_copy_task **tasks;
@@ -53,6 +54,11 @@ typedef struct kvs_plan_source {
 
 int kvs_planner_create(kvs_l1 *l1, kvs_planner **ret);
 void kvs_planner_destroy(kvs_planner *p);
+/* Asked when L1 has no room for a store's object: release up to `bytes` of
+ * what is held for other reasons (pending write-behind pins) and return how
+ * many bytes it let go (0: nothing). The reservation is retried once. */
+typedef uint64_t (*kvs_plan_room_fn)(void *arg, uint64_t bytes);
+void kvs_planner_set_room(kvs_planner *p, kvs_plan_room_fn fn, void *arg);
 /* A fresh non-zero pad for a private staging key. */
 uint32_t kvs_planner_nonce(kvs_planner *p);
 

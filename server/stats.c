@@ -85,6 +85,7 @@ uint32_t kvs__stats_collect(kvs_server *srv, kvs_counter *c, char (*names)[32])
 	C("l2_writes_committed", l2.writes_committed);
 	C("l2_write_batches", l2.write_batches);
 	C("l2_write_drops", l2.write_drops);
+	C("l2_writes_shed", js.writes_shed);
 	C("l2_write_errors", l2.write_errors);
 	C("l2_queue_depth", l2.queue_depth);
 	C("l2_queue_bytes", l2.queue_bytes);

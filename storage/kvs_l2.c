@@ -59,6 +59,8 @@ typedef struct l2_item {
 	uint64_t len;
 	void *cookie;
 	int result;
+	uint64_t group; /* write: its write-behind group (0 = none) and its place in it */
+	uint32_t idx;
 	uint8_t *owned; /* META: key (mkey bytes) then value, owned by the item */
 	uint32_t mkey;
 } l2_item;
@@ -120,6 +122,39 @@ static void list_push(l2_list *l, l2_item *it)
 	l->tail = it;
 	l->n++;
 	l->bytes += it->len;
+}
+
+/* Removes it (whose predecessor is prev, NULL for the head) from l. */
+static void list_unlink(l2_list *l, l2_item *prev, l2_item *it)
+{
+	if (prev)
+		prev->next = it->next;
+	else
+		l->head = it->next;
+	if (l->tail == it)
+		l->tail = prev;
+	it->next = NULL;
+	l->n--;
+	l->bytes -= it->len;
+}
+
+/* The pending write to drop next (mu held): the oldest group's tail. Writes
+ * of one group (a job's objects) are queued together; the one with the
+ * highest idx (latest chunk) goes first, so what reaches the disk of a
+ * group is always a prefix of it, never a suffix without its head. */
+static l2_item *drop_victim(l2_list *wq, l2_item **ret_prev)
+{
+	l2_item *head = wq->head, *best = NULL, *best_prev = NULL, *prev = NULL;
+	if (!head || head->op != KVS_L2_WRITE)
+		return NULL;
+	for (l2_item *it = head; it; prev = it, it = it->next) {
+		if (it->op != KVS_L2_WRITE || it->group != head->group || (it != head && !head->group))
+			break;
+		if (!best || it->idx >= best->idx)
+			best = it, best_prev = prev;
+	}
+	*ret_prev = best_prev;
+	return best;
 }
 
 static l2_item *list_pop(l2_list *l)
@@ -805,17 +840,25 @@ int kvs_l2_contains(kvs_l2 *l2, const kvs_objkey *key, uint64_t geom, uint64_t *
 int kvs_l2_write(kvs_l2 *l2, const kvs_objkey *key, uint64_t geom, const void *data, uint64_t len,
 		 void *cookie)
 {
+	return kvs_l2_write_in(l2, key, geom, data, len, cookie, 0, 0);
+}
+
+int kvs_l2_write_in(kvs_l2 *l2, const kvs_objkey *key, uint64_t geom, const void *data, uint64_t len,
+		    void *cookie, uint64_t group, uint32_t idx)
+{
 	l2_item *it = calloc(1, sizeof(*it));
 	if (!it)
 		return -ENOMEM;
 	*it = (l2_item){.op = KVS_L2_WRITE, .key = *key, .geom = geom, .src = data, .len = len,
-			.cookie = cookie};
+			.cookie = cookie, .group = group, .idx = idx};
 	pthread_mutex_lock(&l2->mu);
 	bool dropped = false;
-	/* the disk cannot keep up: drop the oldest pending writes, never block */
-	while (l2->wq.n && (l2->wq.n >= l2->cfg.queue_max || l2->wq.bytes + len > l2->cfg.queue_max_bytes) &&
-	       l2->wq.head->op == KVS_L2_WRITE) {
-		l2_item *old = list_pop(&l2->wq);
+	/* the disk cannot keep up: drop the oldest pending writes (their
+	 * group's tail first), never block */
+	l2_item *prev, *old;
+	while ((l2->wq.n >= l2->cfg.queue_max || l2->wq.bytes + len > l2->cfg.queue_max_bytes) &&
+	       (old = drop_victim(&l2->wq, &prev)) != NULL) {
+		list_unlink(&l2->wq, prev, old);
 		l2->st.write_drops++;
 		complete(l2, old, KVS_E_NOSPACE);
 		dropped = true;
@@ -828,6 +871,25 @@ int kvs_l2_write(kvs_l2 *l2, const kvs_objkey *key, uint64_t geom, const void *d
 		signal_owner(l2);
 	pthread_mutex_unlock(&l2->mu);
 	return 0;
+}
+
+uint32_t kvs_l2_shed(kvs_l2 *l2, uint64_t bytes, void **cookies, uint32_t cap)
+{
+	uint32_t n = 0;
+	uint64_t freed = 0;
+	pthread_mutex_lock(&l2->mu);
+	l2_item *prev, *old;
+	while (freed < bytes && n < cap && (old = drop_victim(&l2->wq, &prev)) != NULL) {
+		list_unlink(&l2->wq, prev, old);
+		l2->st.write_drops++;
+		freed += old->len;
+		cookies[n++] = old->cookie;
+		free(old);
+	}
+	l2->st.queue_depth = l2->wq.n;
+	l2->st.queue_bytes = l2->wq.bytes;
+	pthread_mutex_unlock(&l2->mu);
+	return n;
 }
 
 int kvs_l2_read(kvs_l2 *l2, const kvs_objkey *key, uint64_t geom, void *dst, uint64_t len, void *cookie)

@@ -92,6 +92,18 @@ typedef struct kvs_l2_done {
  * Returns 0 or -ENOMEM (nothing queued). */
 int kvs_l2_write(kvs_l2 *l2, const kvs_objkey *key, uint64_t geom, const void *data, uint64_t len,
 		 void *cookie);
+/* The same, as member idx of a write-behind group (a job's objects, idx =
+ * chunk position; group 0 = none): when pending writes must be dropped, the
+ * oldest group loses its highest idx first, so L2 never gets a group's later
+ * chunks without its earlier ones. Writes of one group are queued together. */
+int kvs_l2_write_in(kvs_l2 *l2, const kvs_objkey *key, uint64_t geom, const void *data, uint64_t len,
+		    void *cookie, uint64_t group, uint32_t idx);
+/* Drops pending writes not yet taken by the writer (oldest group, tail
+ * first) until `bytes` are freed or cap writes are dropped; their cookies go
+ * to cookies[] and NO completion is reported for them (the caller releases
+ * what they held now: the loop unpins their L1 objects to make room for a
+ * store). Counted as write drops. Returns how many. */
+uint32_t kvs_l2_shed(kvs_l2 *l2, uint64_t bytes, void **cookies, uint32_t cap);
 /* Queues a read of the object into dst (exactly len bytes), verified against
  * the checksum, namespace and geometry. Returns 0 or -ENOMEM. */
 int kvs_l2_read(kvs_l2 *l2, const kvs_objkey *key, uint64_t geom, void *dst, uint64_t len,

@@ -1,0 +1,132 @@
+/* Internals of the CUDA copy engine shared by its two files: copy_cuda.c
+ * (engine, streams, copies, completions) and copy_cuda_map.c (imports of
+ * engine memory and ranges of them). Nothing else includes this. */
+#ifndef KVS_COPY_CUDA_IMPL_H
+#define KVS_COPY_CUDA_IMPL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+
+#include "copy_cuda.h"
+#include "kvs_cuda.h"
+
+#define MAX_DEV 16
+#define SLICE (1ull << 30)       /* L1 pinning granule */
+#define PIECE (256u << 10)       /* segments are split into pieces of this size: one CTA each */
+#define DESC_BUF (4u << 20)      /* bytes of one pooled descriptor buffer (174k pieces) */
+#define THREADS 256
+/* Contiguous runs at least this long go to the DMA engine (cuMemcpyAsync):
+ * measured on an H200, one cuMemcpyAsync of a 2 MiB block reaches 95 % of
+ * the PCIe ceiling, more than the kernel's share at that size; below it, the
+ * kernel wins (one copy per block: 12 % at 16 KiB, 34 % at 64 KiB).
+ * KVS_CUDA_DMA_MIN overrides it (bytes; 0 = never). */
+#define DMA_MIN_DEFAULT (2u << 20)
+/* Staged copies (see submit_staged): each registration gets `cuda-staging`
+ * bytes of device memory in STAGE_SLOTS slots; a part whose L1 side comes in
+ * contiguous host extents of `cuda-stage-min` bytes or more on average goes
+ * through it: blocks gathered (or scattered) on the device by the kernel, the
+ * PCIe crossing done by the DMA engine in long runs. Measured on an H200:
+ * batched DMA of 2 MiB runs reaches 98-99 % of the one-copy ceiling, a kernel
+ * writing or reading mapped host memory 90-93 % pipelined; 8 MiB slots fill
+ * the pipeline sooner than 16 MiB ones (defaults in kvs_server_config_defaults).
+ * KVS_CUDA_STAGE_BYTES (0 = never stage) and KVS_CUDA_STAGE_MIN (bytes)
+ * override the configuration. */
+#define STAGE_SLOTS 4
+#define BATCH_MAX 4096 /* entries per cuMemcpyBatchAsync call */
+
+extern const char kvs_ptx[]; /* generated from cuda/kernels.cu, or empty */
+
+typedef struct seg {
+	unsigned long long dst, src, len;
+} seg;
+
+typedef struct desc_buf {
+	struct desc_buf *next;
+	seg *segs;      /* pinned, device-mapped */
+	uint32_t cap;   /* segments */
+	bool pooled;
+} desc_buf;
+
+/* A batch of tasks in flight (owned by the engine until reaped). */
+typedef struct inflight {
+	kvs_cq_item cq;            /* posted by the host callback; run on the loop */
+	kvs_copy_task **tasks;
+	uint32_t n_tasks;
+	uint64_t t_submit, t_done; /* ns: queued, callback ran */
+	CUevent end;               /* recorded after the part's last copy, or 0 */
+	struct kvs_cuda_stream *h2d; /* a staged retrieve's registration (counted in flight), or NULL;
+				      * it outlives the part: the part leases it until reaped */
+	int dev;                   /* whose context owns end */
+	desc_buf *buf;
+	kvs_cuda_engine *e;
+} inflight;
+
+struct kvs_cuda_map {
+	bool ipc; /* opened with cuIpcOpenMemHandle: closed, not unmapped */
+	int dev;
+	CUdeviceptr va;
+	size_t size;
+	CUmemGenericAllocationHandle h;
+};
+
+/* A registration's streams and staging memory. Invariants: everything of
+ * one submission that writes device memory, or follows a submission that
+ * did, starts after the previous submission's `last`; slot i of the staging
+ * memory is refilled only after free[i] (the previous use drained), and
+ * read only after full[i]. Staging is allocated at the first staged part. */
+struct kvs_cuda_stream {
+	int dev;
+	CUstream s;          /* kernels, unstaged copies */
+	CUstream dma;        /* staged parts: DMA between staging and L1 */
+	CUstream cb;         /* completion callbacks, off the copy streams, or 0 */
+	CUdeviceptr stage;   /* STAGE_SLOTS slots of slot_bytes, or 0 */
+	uint64_t slot_bytes;
+	CUevent full[STAGE_SLOTS], free_[STAGE_SLOTS], last;
+	uint32_t next_slot;
+	bool last_read_only; /* the previous submission wrote no device memory */
+	uint32_t h2d_staged; /* staged retrieve parts in flight */
+	bool stage_off;      /* staging unavailable on this stream */
+};
+
+struct kvs_cuda_engine {
+	kvs_copy_engine engine; /* first: the engine as copy.h sees it */
+	const kvs_cuda_api *cu;
+	kvs_cq *cq;
+	int n_dev;
+	CUdevice dev[MAX_DEV];
+	CUcontext ctx[MAX_DEV];
+	CUuuid uuid[MAX_DEV];
+	CUmodule mod[MAX_DEV];
+	CUfunction fn[MAX_DEV];
+	int sms[MAX_DEV];
+	bool have_kernel;
+	uint8_t *arena;
+	uint64_t arena_size;
+	uint32_t n_slices;
+	atomic_bool *ready; /* slice i pinned and device-mapped at its host address */
+	atomic_bool stop;
+	pthread_t pin_thr;
+	bool pin_started;
+	desc_buf *pool; /* free pooled descriptor buffers (main loop) */
+	/* staging memory of released registrations, per device, for the next
+	 * ones: cuMemFree synchronizes the whole device, which the loop must
+	 * never wait for (freed at engine destroy) */
+	CUdeviceptr spare_stage[MAX_DEV][4];
+	uint32_t n_spare_stage[MAX_DEV];
+	uint32_t h2d_staged[MAX_DEV]; /* staged retrieve parts in flight per device */
+	uint64_t dma_min;
+	uint64_t stage_bytes, stage_min; /* per registration; mean host extent */
+	pthread_mutex_t mu;
+	kvs_cuda_stats st;
+	atomic_uint_fast64_t pinned;
+};
+
+#define CU(e, call) ((e)->cu->call)
+
+static inline int use(kvs_cuda_engine *e, int dev)
+{
+	return CU(e, cuCtxSetCurrent)(e->ctx[dev]) == CUDA_SUCCESS ? 0 : -1;
+}
+
+#endif
