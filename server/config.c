@@ -40,6 +40,8 @@ static const kvs_config_key keys[] = {
 	 "host copy threads"},
 	{"terminal-jobs", KVS_CFG_COUNT, F(terminal_jobs), sizeof(uint32_t), 1, 1u << 24, "N",
 	 "terminal job ids remembered to answer repeats"},
+	{"max-sessions", KVS_CFG_COUNT, F(max_sessions), sizeof(uint32_t), 1, 1u << 20, "N",
+	 "open sessions at most; a hello beyond it gets E_LIMIT"},
 	{"prefault", KVS_CFG_BOOL, F(l1_prefault), 0, 0, 0, "BOOL",
 	 "fault the L1 arena in at start-up, in the background"},
 	{"allow-unsealed-memory", KVS_CFG_BOOL, F(allow_unsealed), 0, 0, 0, "BOOL",

@@ -54,6 +54,7 @@ void kvs_server_config_defaults(kvs_server_config *cfg)
 	cfg->drain_ms = 5000;
 	cfg->terminal_jobs = 65536;
 	cfg->copy_threads = 2;
+	cfg->max_sessions = 4096;
 	cfg->log_level = KVS_LOG_INFO;
 	cfg->allow_uid = -1;
 	cfg->l2_size = 16ull << 30;
@@ -113,6 +114,14 @@ static void l2_done(void *arg, const kvs_l2_done *d)
 static int modules_init(kvs_server *srv)
 {
 	int r;
+	/* an arena beyond RAM would only fail later, page by page (OOM kill) */
+	long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+	if (pages > 0 && psz > 0 && srv->cfg.l1_size > (uint64_t)pages * (uint64_t)psz) {
+		kvs_err("l1-size %llu MiB exceeds this machine's physical memory (%llu MiB): choose a smaller "
+			"l1-size", (unsigned long long)(srv->cfg.l1_size >> 20),
+			(unsigned long long)(((uint64_t)pages * (uint64_t)psz) >> 20));
+		return -EINVAL;
+	}
 	kvs_l1_config l1c = {.size = srv->cfg.l1_size, .on_evict = l1_evicted, .evict_arg = srv};
 	if ((r = kvs_l1_create(&l1c, &srv->l1)) < 0) {
 		kvs_err("cannot create the L1 arena of %llu bytes: %s", (unsigned long long)l1c.size,

@@ -32,6 +32,7 @@ typedef struct kvs_server_config {
 	uint64_t drain_ms;      /* unregister waits this long for leases */
 	uint32_t terminal_jobs; /* bounded table of terminal job ids */
 	uint32_t copy_threads;  /* host copy pool */
+	uint32_t max_sessions;  /* hello beyond this many open sessions: E_LIMIT */
 	int log_level;
 	int log_format;         /* enum kvs_log_format */
 	char kv_events[256];        /* ZeroMQ PUB endpoint of KV events; "" = off */

@@ -34,6 +34,9 @@ int kvs__op_hello(kvs_server *srv, const void *ident, size_t ident_len, const kv
 		return kvs__fail(srv, KVS_E_BADMSG, "rank %u is not below world %u", rq->rank, rq->world);
 	if (ident_len > KVS_MAX_IDENT)
 		return kvs__fail(srv, KVS_E_LIMIT, "routing id too long");
+	if (kvs_htab_count(srv->sessions) >= srv->cfg.max_sessions)
+		return kvs__fail(srv, KVS_E_LIMIT, "session limit of %u reached (max-sessions); close sessions with bye",
+				 srv->cfg.max_sessions);
 	kvs_session *s = calloc(1, sizeof(*s));
 	if (!s)
 		return kvs__fail(srv, KVS_E_INTERNAL, "out of memory");
