@@ -55,6 +55,8 @@ void kvs_server_config_defaults(kvs_server_config *cfg)
 	cfg->terminal_jobs = 65536;
 	cfg->copy_threads = 2;
 	cfg->max_sessions = 4096;
+	cfg->max_peer_queue = 8ull << 20;
+	cfg->max_queued = 256ull << 20;
 	cfg->log_level = KVS_LOG_INFO;
 	cfg->allow_uid = -1;
 	cfg->l2_size = 16ull << 30;
@@ -361,6 +363,10 @@ int kvs_server_create(const kvs_server_config *cfg, kvs_server **ret)
 		goto err_sessions;
 	if ((r = kvs__routes_create(srv)) < 0)
 		goto err_parked;
+	if ((r = kvs__peers_create(srv)) < 0) {
+		kvs__routes_destroy(srv);
+		goto err_parked;
+	}
 	if ((r = kvs_cq_create(&srv->cq)) < 0)
 		goto err_routes;
 	if ((r = kvs__broker_open(srv)) < 0)
@@ -424,6 +430,7 @@ err_broker:
 err_efd:
 	kvs_cq_destroy(srv->cq);
 err_routes:
+	kvs__peers_destroy(srv);
 	kvs__routes_destroy(srv);
 err_parked:
 	kvs_htab_destroy(srv->parked);
@@ -458,6 +465,7 @@ void kvs_server_destroy(kvs_server *srv)
 	if (srv->zctx)
 		zmq_ctx_term(srv->zctx);
 	kvs_cq_destroy(srv->cq);
+	kvs__peers_destroy(srv); /* the context is gone: ZeroMQ released every message */
 	kvs__routes_destroy(srv);
 	kvs_htab_destroy(srv->parked);
 	kvs_htab_destroy(srv->sessions);
@@ -471,6 +479,7 @@ void kvs__server_tick(kvs_server *srv)
 	kvs_jobs_tick(srv);
 	kvs_lookup_tick(srv);
 	kvs_registry_tick(srv);
+	kvs__peers_tick(srv);
 	kvs__admin_tick(srv);
 	kvs__metrics_tick(srv); /* publish counters + sign of life for /healthz */
 	kvs_events_flush(srv->events); /* one KV-event batch per tick */
@@ -486,6 +495,29 @@ static uint64_t thread_cpu_ns(void)
 }
 
 void kvs__server_completions(kvs_server *srv) { kvs_cq_run(srv->cq); }
+
+/* Peers that stopped reading (reply.c cut them off): their sessions end,
+ * which fails their open parts and frees what they held (protocol §1). */
+static void close_overflowed(kvs_server *srv)
+{
+	uint8_t ident[KVS_MAX_IDENT];
+	size_t len;
+	uint64_t queued;
+	while (kvs__peers_overflowed(srv, ident, &len, &queued)) {
+		size_t pos = 0;
+		kvs_session *s;
+		char why[96];
+		snprintf(why, sizeof(why), "peer not reading: %llu bytes of replies waiting", (unsigned long long)queued);
+		kvs_warn("a peer stopped reading its replies (%llu bytes waiting, max-peer-queue %llu): its "
+			 "sessions are closed", (unsigned long long)queued, (unsigned long long)srv->cfg.max_peer_queue);
+		while ((s = kvs_htab_next(srv->sessions, &pos)) != NULL) {
+			if (s->ident_len != len || memcmp(s->ident, ident, len) != 0)
+				continue;
+			kvs__session_close(srv, s, why);
+			pos = 0; /* the table changed */
+		}
+	}
+}
 
 int kvs_server_run(kvs_server *srv, int sigfd)
 {
@@ -525,6 +557,7 @@ int kvs_server_run(kvs_server *srv, int sigfd)
 			}
 			if (items[0].revents & ZMQ_POLLIN)
 				router_ready(srv);
+			close_overflowed(srv);
 			/* broker connections, newest first so removal keeps indices */
 			for (int i = n - 1; i >= nfix; i--)
 				if (items[i].revents & (ZMQ_POLLIN | ZMQ_POLLERR))

@@ -28,6 +28,16 @@ void kvs__route_scheduler_del(kvs_server *srv, kvs_session *s);
 /* Sends msg to every scheduler session of engine. */
 void kvs__push_to_schedulers(kvs_server *srv, const char *engine, kvs_msg *msg);
 int kvs__routes_create(kvs_server *srv);
+/* Bytes waiting for each peer (protocol §1): create (after the config is
+ * set), the next peer cut off since the last call (its routing id and
+ * queued bytes; false when none), the tick, counters, destroy (after the
+ * ROUTER socket is closed). */
+int kvs__peers_create(kvs_server *srv);
+bool kvs__peers_overflowed(kvs_server *srv, uint8_t *ident, size_t *ident_len, uint64_t *queued);
+void kvs__peers_tick(kvs_server *srv);
+uint64_t kvs__peers_queued(const kvs_server *srv);
+uint64_t kvs__peers_closed(const kvs_server *srv);
+void kvs__peers_destroy(kvs_server *srv);
 void kvs__routes_destroy(kvs_server *srv); /* sessions are gone by then */
 
 #endif

@@ -33,6 +33,8 @@ typedef struct kvs_server_config {
 	uint32_t terminal_jobs; /* bounded table of terminal job ids */
 	uint32_t copy_threads;  /* host copy pool */
 	uint32_t max_sessions;  /* hello beyond this many open sessions: E_LIMIT */
+	uint64_t max_peer_queue; /* bytes of replies waiting for one peer (then it is cut off) */
+	uint64_t max_queued;     /* bytes of replies waiting for all peers */
 	int log_level;
 	int log_format;         /* enum kvs_log_format */
 	char kv_events[256];        /* ZeroMQ PUB endpoint of KV events; "" = off */
@@ -128,6 +130,7 @@ struct kvs_server {
 
 	kvs_htab *sessions; /* kvs_session by id */
 	kvs_htab *schedulers; /* scheduler sessions by engine digest (reply.c) */
+	struct kvs_peers *peers; /* bytes waiting for each peer (reply.c) */
 	kvs_htab *parked;   /* kvs_parked by token */
 	kvs_htab *consumed; /* recently claimed tokens (ring entries), refused if replayed */
 	struct kvs_token_ent { uint8_t token[16]; } *consumed_ring;

@@ -102,6 +102,8 @@ uint32_t kvs__stats_collect(kvs_server *srv, kvs_counter *c, char (*names)[32])
 	C("parked_fds", kvs_htab_count(srv->parked));
 	C("copy_bytes_host", kvs_copy_pool_bytes(srv->pool));
 	C("draining", srv->draining);
+	C("reply_bytes_queued", kvs__peers_queued(srv));
+	C("peers_cut_off", kvs__peers_closed(srv));
 	C("metrics_port", srv->metrics_port);
 	kvs_cuda_stats cs = {0};
 	if (srv->cuda)
