@@ -24,12 +24,13 @@
 	X(cuStreamSynchronize) X(cuStreamQuery) X(cuStreamWaitEvent) X(cuLaunchHostFunc) \
 	X(cuModuleLoadData) X(cuModuleUnload) X(cuModuleGetFunction)           \
 	X(cuLaunchKernel) X(cuEventCreate) X(cuEventDestroy) X(cuEventRecord)  \
-	X(cuEventSynchronize) X(cuEventElapsedTime) X(cuIpcOpenEventHandle)    \
+	X(cuEventSynchronize) X(cuEventElapsedTime) X(cuEventQuery) X(cuIpcOpenEventHandle) \
+	X(cuIpcGetEventHandle) \
 	X(cuIpcGetMemHandle) X(cuIpcOpenMemHandle) X(cuIpcCloseMemHandle)      \
 	X(cuPointerGetAttribute)
 
 /* Optional (newer drivers): NULL when absent. */
-#define KVS_CUDA_OPT_FUNCS(X) X(cuMemcpyBatchAsync)
+#define KVS_CUDA_OPT_FUNCS(X) X(cuMemcpyBatchAsync) X(cuStreamWaitValue32)
 
 typedef struct kvs_cuda_api {
 	bool ok;        /* driver loaded, cuInit succeeded, >= 1 device */

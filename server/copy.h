@@ -46,6 +46,7 @@ typedef struct kvs_copy_part {
 	uint32_t n_tasks;
 	const void *event; /* a producer event to wait for first (CUDA store), or NULL */
 	size_t event_len;
+	uint64_t deadline_ms; /* the job's deadline (kvs_now_ms clock): no wait beyond it */
 } kvs_copy_part;
 
 /* An engine, embedded first in the engine's own struct. submit queues the

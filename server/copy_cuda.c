@@ -63,6 +63,7 @@ int kvs_cuda_engine_create(kvs_cq *cq, void *arena, uint64_t arena_size, const k
 	e->arena = arena;
 	e->arena_size = arena_size;
 	pthread_mutex_init(&e->mu, NULL);
+	cuda_wait_init(e);
 	e->n_dev = cu->n_devices < MAX_DEV ? cu->n_devices : MAX_DEV;
 	e->have_kernel = kvs_ptx[0] != '\0';
 	const char *dm = getenv("KVS_CUDA_DMA_MIN");
@@ -117,6 +118,7 @@ void kvs_cuda_engine_destroy(kvs_cuda_engine *e)
 	atomic_store(&e->stop, true);
 	if (e->pin_started)
 		pthread_join(e->pin_thr, NULL);
+	cuda_wait_fini(e); /* no part waits any more: jobs were finalised before */
 	if (e->n_dev)
 		use(e, 0);
 	for (int d = 0; d < e->n_dev; d++) {
@@ -558,12 +560,40 @@ static CUresult submit_direct(kvs_cuda_engine *e, kvs_cuda_stream *s, kvs_copy_t
 
 /* Does any segment write outside L1 (device memory)? */
 
+/* A store after a producer event: fired already (the usual case, the engine
+ * synchronised) -> go on at once; not yet -> the part waits on the engine's
+ * poller (copy_cuda_wait.c), never on the stream. True if the part was
+ * taken. */
+static bool producer_pending(kvs_cuda_engine *e, kvs_cuda_stream *s, const kvs_copy_part *part)
+{
+	if (!part->event || part->event_len != sizeof(CUipcEventHandle))
+		return false;
+	CUipcEventHandle h;
+	CUevent ev;
+	memcpy(&h, part->event, sizeof(h));
+	CUresult r = use(e, s->dev) == 0 ? CU(e, cuIpcOpenEventHandle)(&ev, h) : CUDA_ERROR_INVALID_CONTEXT;
+	if (r != CUDA_SUCCESS) {
+		kvs_warn("producer event: %s", kvs_cuda_strerror(r));
+		cuda_wait_producer(e, s, part, 0, KVS_E_DEVICE);
+		return true;
+	}
+	r = CU(e, cuEventQuery)(ev);
+	if (r == CUDA_SUCCESS) {
+		CU(e, cuEventDestroy)(ev);
+		return false;
+	}
+	cuda_wait_producer(e, s, part, ev, r == CUDA_ERROR_NOT_READY ? 0 : KVS_E_DEVICE);
+	return true;
+}
+
+int kvs_cuda_stream_device(const kvs_cuda_stream *s) { return s->dev; }
+
 void kvs_cuda_submit(kvs_cuda_engine *e, kvs_cuda_stream *s, const kvs_copy_part *part)
 {
+	if (producer_pending(e, s, part))
+		return;
 	kvs_copy_task **tasks = part->tasks;
 	uint32_t nt = part->n_tasks;
-	const void *event = part->event;
-	size_t event_len = part->event_len;
 	inflight *f = calloc(1, sizeof(*f));
 	kvs_copy_task **own = calloc(nt ? nt : 1, sizeof(*own));
 	e->st.tasks += nt;
@@ -611,17 +641,6 @@ void kvs_cuda_submit(kvs_cuda_engine *e, kvs_cuda_stream *s, const kvs_copy_part
 	bool writes = part->dir == KVS_COPY_FROM_L1; /* retrieves write device memory */
 	/* the stream this submission starts on, and the one it ends on */
 	CUstream first = dir == DIR_H2D ? s->dma : s->s, final = dir == DIR_D2H ? s->dma : s->s;
-	if (event && event_len == sizeof(CUipcEventHandle)) {
-		CUipcEventHandle h;
-		CUevent ev;
-		memcpy(&h, event, sizeof(h));
-		if ((r = CU(e, cuIpcOpenEventHandle)(&ev, h)) != CUDA_SUCCESS)
-			goto fail;
-		r = CU(e, cuStreamWaitEvent)(first, ev, 0);
-		CU(e, cuEventDestroy)(ev);
-		if (r != CUDA_SUCCESS)
-			goto fail;
-	}
 	/* a submission that writes device memory, or follows one that did,
 	 * starts after the previous one (reads of device memory may overlap) */
 	if (s->stage && (writes || !s->last_read_only) && (r = CU(e, cuStreamWaitEvent)(first, s->last, 0)) != CUDA_SUCCESS)

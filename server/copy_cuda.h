@@ -70,8 +70,14 @@ void kvs_cuda_stream_destroy(kvs_cuda_engine *e, kvs_cuda_stream *s);
  * launch over pinned L1 (long device runs by DMA). A part writing device
  * memory starts after the registration's previous part. The tasks complete
  * together: when the part's callback has run, each task's cq.done is called
- * on the loop. */
+ * on the loop. A producer event that has not fired is waited for on the
+ * engine's poller thread, never on a stream, at most until part->deadline_ms
+ * (then the tasks fail with KVS_E_TIMEOUT and nothing was queued). */
 void kvs_cuda_submit(kvs_cuda_engine *e, kvs_cuda_stream *s, const kvs_copy_part *part);
+/* Fails every part still waiting for its producer event now (shutdown:
+ * before the job table waits for copies). Accepts NULL. */
+void kvs_cuda_engine_quiesce(kvs_cuda_engine *e);
+int kvs_cuda_stream_device(const kvs_cuda_stream *s);
 /* The engine as a copy engine (copy.h); the stream is a kvs_cuda_stream. */
 kvs_copy_engine *kvs_cuda_copy_engine(kvs_cuda_engine *e);
 

@@ -106,6 +106,12 @@ struct kvs_cuda_engine {
 	uint32_t n_slices;
 	atomic_bool *ready; /* slice i pinned and device-mapped at its host address */
 	atomic_bool stop;
+	/* parts waiting for their producer event (copy_cuda_wait.c) */
+	pthread_mutex_t wait_mu;
+	pthread_cond_t wait_cv;
+	struct pwait *waits;  /* guarded by wait_mu */
+	bool wait_stop, wait_quiesce, wait_started;
+	pthread_t wait_thr;
 	pthread_t pin_thr;
 	bool pin_started;
 	desc_buf *pool; /* free pooled descriptor buffers (main loop) */
@@ -128,5 +134,14 @@ static inline int use(kvs_cuda_engine *e, int dev)
 {
 	return CU(e, cuCtxSetCurrent)(e->ctx[dev]) == CUDA_SUCCESS ? 0 : -1;
 }
+
+/* copy_cuda_wait.c: a part whose producer event has not fired yet waits on
+ * the engine's poller thread, never on a stream (issue 16 #10): a store
+ * whose event never fires fails at its deadline with KVS_E_TIMEOUT instead
+ * of holding its job, lease and import forever. Takes the part (tasks and
+ * ev); the loop resubmits it without the event once ev fired. */
+void cuda_wait_producer(kvs_cuda_engine *e, kvs_cuda_stream *s, const kvs_copy_part *part, CUevent ev, int result);
+void cuda_wait_init(kvs_cuda_engine *e);
+void cuda_wait_fini(kvs_cuda_engine *e);
 
 #endif

@@ -415,12 +415,14 @@ static void task_done(kvs_cq_item *it);
 /* Hands a part's tasks to the registration's copy engine (chosen at
  * register): one batch on its CUDA stream for device memory (one launch,
  * one completion), the host pool for memfds. */
-static void engine_submit(const kvs_reg *g, kvs_op kind, kvs_copy_task **tasks, uint32_t n, const kvs_bytes *event)
+static void engine_submit(const kvs_reg *g, const kvs_job *job, kvs_copy_task **tasks, uint32_t n,
+			  const kvs_bytes *event)
 {
 	if (!n)
 		return;
-	kvs_copy_part part = {.dir = kind == KVS_OP_STORE ? KVS_COPY_TO_L1 : KVS_COPY_FROM_L1, .tasks = tasks,
-			      .n_tasks = n, .event = event ? event->ptr : NULL, .event_len = event ? event->len : 0};
+	kvs_copy_part part = {.dir = job->kind == KVS_OP_STORE ? KVS_COPY_TO_L1 : KVS_COPY_FROM_L1, .tasks = tasks,
+			      .n_tasks = n, .event = event ? event->ptr : NULL, .event_len = event ? event->len : 0,
+			      .deadline_ms = job->deadline_ms};
 	g->engine->submit(g->engine, g->stream, &part);
 }
 
@@ -432,7 +434,7 @@ static void part_submit(kvs_server *srv, kvs_part *p, kvs_copy_task **tasks, uin
 		tasks[i]->owner = p;
 		tasks[i]->cq.done = task_done;
 	}
-	engine_submit(p->reg, KVS_OP_RETRIEVE, tasks, n, NULL);
+	engine_submit(p->reg, p->job, tasks, n, NULL);
 }
 
 /* A retrieve part whose promotions all ended: fail it or release its copies. */
@@ -631,7 +633,7 @@ static int op_part(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
 			pl.tasks[i]->owner = p;
 			pl.tasks[i]->cq.done = task_done;
 		}
-		engine_submit(g, KVS_OP_STORE, pl.tasks, pl.n_tasks, rq->producer_event.len ? &rq->producer_event : NULL);
+		engine_submit(g, job, pl.tasks, pl.n_tasks, rq->producer_event.len ? &rq->producer_event : NULL);
 		free(pl.tasks);
 		reply_state(srv, s, rq, KVS_JOB_OPEN);
 		return 0;

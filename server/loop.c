@@ -202,6 +202,7 @@ static void modules_fini(kvs_server *srv)
 		pthread_join(srv->prefault, NULL);
 		srv->prefault_started = false;
 	}
+	kvs_cuda_engine_quiesce(srv->cuda); /* parts waiting for a producer event fail now */
 	if (srv->jobs)
 		kvs_jobs_destroy(srv, srv->jobs); /* waits for running copies and promotions */
 	srv->jobs = NULL;

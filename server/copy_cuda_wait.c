@@ -1,0 +1,162 @@
+/* Parts waiting for their producer event; see copy_cuda_impl.h. One poller
+ * thread queries every waiting event (cuEventQuery, which never blocks)
+ * about every 50 us while any waits, and sleeps on a condition variable
+ * otherwise; a fired event, a failed query or a passed deadline posts the
+ * wait to the completion queue, and the loop resubmits or fails the part. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define KVS_LOG_COMPONENT "cuda"
+#include "copy_cuda_impl.h"
+#include "kvs_error.h"
+#include "kvs_log.h"
+#include "kvs_time.h"
+
+typedef struct pwait {
+	kvs_cq_item cq;        /* first: posted when the wait ended */
+	kvs_cuda_engine *e;
+	kvs_cuda_stream *s;    /* the registration's stream: leased by the part */
+	kvs_copy_part part;    /* tasks owned (copied array), event cleared */
+	CUevent ev;
+	int dev;
+	uint64_t deadline_ms;  /* 0: none */
+	int result;            /* 0 fired; KVS_E_TIMEOUT; KVS_E_DEVICE */
+	struct pwait *next;
+} pwait;
+
+static void wait_done(kvs_cq_item *it)
+{
+	pwait *w = (pwait *)it;
+	kvs_cuda_engine *e = w->e;
+	if (w->ev && use(e, w->dev) == 0)
+		CU(e, cuEventDestroy)(w->ev);
+	if (w->result == 0) {
+		kvs_cuda_submit(e, w->s, &w->part);
+	} else {
+		if (w->result == KVS_E_TIMEOUT)
+			kvs_warn("a store's producer event did not fire before its deadline: the part fails");
+		e->st.errors++;
+		for (uint32_t i = 0; i < w->part.n_tasks; i++) {
+			w->part.tasks[i]->result = w->result;
+			w->part.tasks[i]->cq.done(&w->part.tasks[i]->cq);
+		}
+	}
+	free(w->part.tasks);
+	free(w);
+}
+
+static void *wait_main(void *arg)
+{
+	kvs_cuda_engine *e = arg;
+	pthread_mutex_lock(&e->wait_mu);
+	for (;;) {
+		while (!e->waits && !e->wait_stop)
+			pthread_cond_wait(&e->wait_cv, &e->wait_mu);
+		if (!e->waits)
+			break;
+		uint64_t now = kvs_now_ms();
+		for (pwait **pp = &e->waits; *pp;) {
+			pwait *w = *pp;
+			int res = 1; /* still waiting */
+			if (e->wait_quiesce) {
+				res = KVS_E_TIMEOUT;
+			} else if (use(e, w->dev) != 0) {
+				res = KVS_E_DEVICE;
+			} else {
+				CUresult r = CU(e, cuEventQuery)(w->ev);
+				if (r == CUDA_SUCCESS)
+					res = 0;
+				else if (r != CUDA_ERROR_NOT_READY)
+					res = KVS_E_DEVICE;
+				else if (w->deadline_ms && now >= w->deadline_ms)
+					res = KVS_E_TIMEOUT;
+			}
+			if (res == 1) {
+				pp = &w->next;
+				continue;
+			}
+			*pp = w->next;
+			w->result = res;
+			kvs_cq_post(e->cq, &w->cq);
+		}
+		if (e->waits) {
+			pthread_mutex_unlock(&e->wait_mu);
+			usleep(50);
+			pthread_mutex_lock(&e->wait_mu);
+		}
+	}
+	pthread_mutex_unlock(&e->wait_mu);
+	return NULL;
+}
+
+void cuda_wait_init(kvs_cuda_engine *e)
+{
+	pthread_mutex_init(&e->wait_mu, NULL);
+	pthread_cond_init(&e->wait_cv, NULL);
+}
+
+void cuda_wait_producer(kvs_cuda_engine *e, kvs_cuda_stream *s, const kvs_copy_part *part, CUevent ev, int result)
+{
+	pwait *w = calloc(1, sizeof(*w));
+	kvs_copy_task **own = calloc(part->n_tasks ? part->n_tasks : 1, sizeof(*own));
+	if (!w || !own) {
+		free(w);
+		free(own);
+		if (ev)
+			CU(e, cuEventDestroy)(ev);
+		/* no memory to wait: the part fails (asynchronously would need the
+		 * memory we lack; the tasks' done runs on the loop right away) */
+		for (uint32_t i = 0; i < part->n_tasks; i++) {
+			part->tasks[i]->result = KVS_E_INTERNAL;
+			part->tasks[i]->cq.done(&part->tasks[i]->cq);
+		}
+		return;
+	}
+	memcpy(own, part->tasks, part->n_tasks * sizeof(*own));
+	*w = (pwait){.cq.done = wait_done, .e = e, .s = s, .part = *part, .ev = ev, .dev = kvs_cuda_stream_device(s),
+		     .deadline_ms = part->deadline_ms, .result = result};
+	w->part.tasks = own;
+	w->part.event = NULL;
+	w->part.event_len = 0;
+	if (result) { /* already failed (the event could not be opened) */
+		kvs_cq_post(e->cq, &w->cq);
+		return;
+	}
+	pthread_mutex_lock(&e->wait_mu);
+	if (!e->wait_started && pthread_create(&e->wait_thr, NULL, wait_main, e) == 0)
+		e->wait_started = true;
+	if (!e->wait_started) {
+		pthread_mutex_unlock(&e->wait_mu);
+		w->result = KVS_E_INTERNAL;
+		kvs_cq_post(e->cq, &w->cq);
+		return;
+	}
+	w->next = e->waits;
+	e->waits = w;
+	pthread_cond_signal(&e->wait_cv);
+	pthread_mutex_unlock(&e->wait_mu);
+}
+
+void kvs_cuda_engine_quiesce(kvs_cuda_engine *e)
+{
+	if (!e)
+		return;
+	pthread_mutex_lock(&e->wait_mu);
+	e->wait_quiesce = true;
+	pthread_mutex_unlock(&e->wait_mu);
+}
+
+void cuda_wait_fini(kvs_cuda_engine *e)
+{
+	pthread_mutex_lock(&e->wait_mu);
+	e->wait_stop = true;
+	e->wait_quiesce = true;
+	pthread_cond_signal(&e->wait_cv);
+	pthread_mutex_unlock(&e->wait_mu);
+	if (e->wait_started)
+		pthread_join(e->wait_thr, NULL);
+	pthread_cond_destroy(&e->wait_cv);
+	pthread_mutex_destroy(&e->wait_mu);
+}

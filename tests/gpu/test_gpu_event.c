@@ -1,0 +1,180 @@
+/* GPU suite: stores after a CUDA producer event (issue 16 #10). The rank
+ * (this process) holds 64 MiB of cuMem memory; its producer events are
+ * recorded on streams held back by cuStreamWaitValue32 on a host word:
+ *   - an event that fires 300 ms late: the store waits for it (the job is
+ *     still open meanwhile), then commits, and a retrieve into other blocks
+ *     is byte-exact;
+ *   - an event that never fires: the job aborts by its deadline (3 s), its
+ *     lease is released (unregister succeeds), nothing stays retained, the
+ *     server keeps serving.
+ * Exits 77 (skip) where the server finds no GPU, or the driver lacks
+ * cuStreamWaitValue32. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "kvs_cuda.h"
+
+#define SIZE (64ull << 20)
+#define BB (64u << 10) /* block bytes */
+#define NB (SIZE / BB)
+#define BPC 4
+#define NK 8 /* chunks per job */
+
+static int failures;
+#define CHECK(c, ...)                                                            \
+	do {                                                                     \
+		if (!(c)) {                                                      \
+			fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);     \
+			fprintf(stderr, __VA_ARGS__);                            \
+			fprintf(stderr, "\n");                                   \
+			failures++;                                              \
+		}                                                                \
+	} while (0)
+
+typedef struct held {
+	CUstream st;
+	volatile uint32_t *word; /* pinned host word the stream waits for */
+	CUevent ev;
+	CUipcEventHandle h;
+} held;
+
+/* A stream held back until *word >= 1, and an IPC event recorded after it. */
+static int hold(const kvs_cuda_api *cu, held *x)
+{
+	CUdeviceptr dw;
+	if (cu->cuStreamCreate(&x->st, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS ||
+	    cu->cuMemAllocHost((void **)&x->word, 4096) != CUDA_SUCCESS)
+		return -1;
+	*x->word = 0;
+	if (cu->cuMemHostGetDevicePointer(&dw, (void *)x->word, 0) != CUDA_SUCCESS ||
+	    cu->cuStreamWaitValue32(x->st, dw, 1, CU_STREAM_WAIT_VALUE_GEQ) != CUDA_SUCCESS ||
+	    cu->cuEventCreate(&x->ev, CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS) != CUDA_SUCCESS ||
+	    cu->cuEventRecord(x->ev, x->st) != CUDA_SUCCESS || cu->cuIpcGetEventHandle(&x->h, x->ev) != CUDA_SUCCESS)
+		return -1;
+	return 0;
+}
+
+static void key_of(uint64_t job, uint32_t k, uint8_t out[32])
+{
+	memset(out, 0, 32);
+	memcpy(out, &job, 8);
+	memcpy(out + 8, &k, 4);
+	out[31] = 0x5a;
+}
+
+static int part(kvs_client *c, uint64_t job, bool store, int64_t first, const held *x, int *state)
+{
+	uint8_t keys[NK * 32];
+	int64_t ids[NK * BPC];
+	for (uint32_t k = 0; k < NK; k++)
+		key_of(store ? job : job - 100, k, keys + 32 * k);
+	for (uint32_t i = 0; i < NK * BPC; i++)
+		ids[i] = first + i;
+	const int64_t *l[1] = {ids};
+	uint32_t len[1] = {NK * BPC};
+	kvs_blocks bl = {.n_groups = 1, .ids = l, .len = len};
+	kvs_store_opts o = {.producer_event = x ? (const uint8_t *)&x->h : NULL,
+			    .producer_event_len = x ? sizeof(x->h) : 0};
+	return store ? kvs_store(c, job, keys, NK, &bl, &o, 20000, state)
+		     : kvs_retrieve(c, job, keys, NK, &bl, 0, 20000, state);
+}
+
+static int job_state(kvs_client *sc, uint64_t job)
+{
+	int st = -1;
+	kvs_job_wait(sc, job, 10000, &st);
+	return st;
+}
+
+int main(void)
+{
+	kvt_server s;
+	kvt_server_init(&s, "--ttl-ms", "60000", "--job-deadline-ms", "3000", "--drain-ms", "2000", "--l1-size", "256M",
+			NULL);
+	if (kvt_server_start(&s) != 0) {
+		fprintf(stderr, "server did not start\n");
+		return 1;
+	}
+	kvs_client *sc = kvt_client(&s, "EV", KVS_ROLE_SCHEDULER, 0, 1, NULL, NULL);
+	const kvs_cuda_api *cu = kvs_cuda();
+	if (!sc || kvt_stat(sc, "cuda_available") != 1 || !cu->ok || !cu->cuStreamWaitValue32) {
+		printf("SKIP: no usable GPU in the server, or no cuStreamWaitValue32 here\n");
+		kvs_client_close(sc);
+		kvt_server_stop(&s);
+		kvt_server_cleanup(&s);
+		return 77;
+	}
+	kvs_client *w = kvt_client(&s, "EV", KVS_ROLE_WORKER, 0, 1, NULL, NULL);
+	uint8_t *dev = kvs_cuda_alloc(SIZE, 0, NULL);
+	uint8_t *orig = malloc(SIZE), *now = malloc(SIZE);
+	CHECK(w && dev && orig && now, "setup");
+	if (!w || !dev || !orig || !now)
+		return 1;
+	for (uint64_t i = 0; i < SIZE; i++)
+		orig[i] = (uint8_t)(i * 2654435761u >> 13);
+	cu->cuMemcpyHtoD((CUdeviceptr)(uintptr_t)dev, orig, SIZE);
+	kvs_alloc al;
+	uint64_t base = 0;
+	CHECK(kvs_cuda_export(dev, &al, &base) == 0, "export");
+	kvs_layer ly = {.group = 0, .alloc = 0, .offset = (uint64_t)(uintptr_t)dev - base, .num_blocks = NB,
+			.block_stride = BB, .block_bytes = BB};
+	kvs_group gr = {.id = 0, .kind = KVS_GROUP_ATTENTION, .tokens_per_block = 16, .blocks_per_chunk = BPC,
+			.window_chunks = -1, .null_block = -1};
+	kvs_registration_desc d = {.device_type = KVS_DEV_CUDA, .allocs = &al, .n_allocs = 1, .groups = &gr,
+				   .n_groups = 1, .layers = &ly, .n_layers = 1};
+	kvs_cuda_device_uuid(0, d.device_uuid);
+	uint64_t handle = 0;
+	CHECK(kvs_register(w, &d, 20000, &handle) == 0, "register");
+	close(al.fd);
+
+	/* 1: an event that fires late */
+	held a = {0}, b = {0};
+	CHECK(hold(cu, &a) == 0 && hold(cu, &b) == 0, "held streams");
+	int st = -1;
+	CHECK(part(w, 1, true, 0, &a, &st) == 0 && st == KVS_JOB_OPEN, "store after a pending event: %d", st);
+	CHECK(kvs_complete(w, 1, true, 20000, &st) == 0, "complete");
+	usleep(300000);
+	kvs_job_info_out info = {0};
+	uint64_t id1 = 1;
+	uint32_t n = 0;
+	CHECK(kvs_job_status(sc, &id1, 1, 5000, &info, 1, &n) == 0 && n == 1 && info.state == KVS_JOB_OPEN,
+	      "the store waits for its event (state %d)", info.state);
+	*a.word = 1; /* the producer's work ends: the event fires */
+	CHECK(job_state(sc, 1) == KVS_JOB_COMMITTED, "store after the event not committed");
+	CHECK(part(w, 101, false, 512, NULL, &st) == 0, "retrieve");
+	CHECK(kvs_complete(w, 101, true, 20000, &st) == 0, "complete retrieve");
+	CHECK(job_state(sc, 101) == KVS_JOB_COMMITTED, "retrieve not committed");
+	cu->cuMemcpyDtoH(now, (CUdeviceptr)(uintptr_t)dev, SIZE);
+	CHECK(memcmp(now + 512ull * BB, orig, (uint64_t)NK * BPC * BB) == 0, "retrieved bytes differ");
+	CHECK(memcmp(now, orig, 512ull * BB) == 0, "source blocks changed");
+	printf("late event: the store waited (open after 300 ms), committed once it fired; retrieve byte-exact\n");
+
+	/* 2: an event that never fires */
+	uint64_t t0 = kvt_now_ms();
+	CHECK(part(w, 2, true, 64, &b, &st) == 0 && st == KVS_JOB_OPEN, "store after a never-firing event");
+	CHECK(kvs_complete(w, 2, true, 20000, &st) == 0, "complete");
+	int end = job_state(sc, 2);
+	uint64_t took = kvt_now_ms() - t0;
+	CHECK(end == KVS_JOB_ABORTED, "job 2 ended %d", end);
+	CHECK(took < 3000 + 2000, "job 2 ended after %llu ms (deadline 3000)", (unsigned long long)took);
+	CHECK(kvt_stat(sc, "retained_blocks") == 0, "retained blocks");
+	CHECK(kvt_stat(sc, "jobs_open") == 0, "jobs open");
+	CHECK(kvs_unregister(w, handle, 20000) == 0, "unregister after the aborted store (lease released)");
+	CHECK(kvt_stat(sc, "registrations") == 0, "registrations");
+	printf("never-firing event: job aborted after %llu ms (deadline 3000), lease released, unregister ok\n",
+	       (unsigned long long)took);
+	*b.word = 1; /* let the stream finish before teardown */
+	cu->cuStreamSynchronize(a.st);
+	cu->cuStreamSynchronize(b.st);
+	CHECK(kvt_stat(sc, "requests") != UINT64_MAX, "server serving");
+	kvs_client_close(w);
+	kvs_client_close(sc);
+	kvs_cuda_free(dev, SIZE, 0, NULL);
+	CHECK(kvt_server_stop(&s) == 0, "server exit");
+	kvt_server_cleanup(&s);
+	printf("%s: %d failure(s)\n", failures ? "FAILED" : "PASSED", failures);
+	return failures ? 1 : 0;
+}
