@@ -2,6 +2,7 @@
  * Drain requests that must wait are kept on a short list and answered from
  * the tick: the loop never blocks on them. */
 #include "admin.h"
+#include "auth.h"
 
 #include <stdlib.h>
 
@@ -79,6 +80,10 @@ static int do_clear(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
 
 int kvs__op_admin(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
 {
+	/* operators: the server's own UID over ipc, or an admin key on tcp */
+	if (srv->peer != KVS_PEER_OWNER && srv->peer != KVS_PEER_ADMIN_KEY)
+		return kvs__fail(srv, KVS_E_AUTH, "admin commands need the server's UID over ipc or a CURVE key "
+				 "listed with `admin` in authorized-keys");
 	kvs_msg rep = {0};
 	switch (rq->admin_cmd) {
 	case KVS_ADMIN_STATUS:

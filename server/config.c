@@ -46,6 +46,13 @@ static const kvs_config_key keys[] = {
 	 "replies waiting for one peer at most; a peer over it is cut off and its sessions closed"},
 	{"max-queued", KVS_CFG_SIZE, F(max_queued), 0, 1ull << 20, 1ull << 44, "BYTES",
 	 "replies waiting for all peers at most (the peer being sent to is cut off beyond it)"},
+	{"insecure-tcp", KVS_CFG_BOOL, F(insecure_tcp), 0, 0, 0, "BOOL",
+	 "a tcp:// listen without CURVE: anyone who reaches the port can use the cache (default: CURVE keys)"},
+	{"state-dir", KVS_CFG_STR, STRF(state_dir), 1, 0, "DIR",
+	 "the server's CURVE key pair for tcp:// (server.key, created at first start)"},
+	{"authorized-keys", KVS_CFG_STR, STRF(authorized_keys), 0, 0, "FILE",
+	 "client public keys admitted on tcp://, one z85 key per line, `admin` after it for operators "
+	 "(\"\": STATE_DIR/authorized_keys)"},
 	{"prefault", KVS_CFG_BOOL, F(l1_prefault), 0, 0, 0, "BOOL",
 	 "fault the L1 arena in at start-up, in the background"},
 	{"allow-unsealed-memory", KVS_CFG_BOOL, F(allow_unsealed), 0, 0, 0, "BOOL",

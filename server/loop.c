@@ -24,7 +24,9 @@
 #include "server.h"
 #include "events.h"
 #include "kvs_cq.h"
+#include "access.h"
 #include "admin.h"
+#include "auth.h"
 #include "metrics.h"
 #include "copy_host.h"
 #include "copy_cuda.h"
@@ -55,6 +57,14 @@ void kvs_server_config_defaults(kvs_server_config *cfg)
 	cfg->terminal_jobs = 65536;
 	cfg->copy_threads = 2;
 	cfg->max_sessions = 4096;
+	/* the CURVE key pair of tcp:// endpoints */
+	const char *state = getenv("XDG_STATE_HOME"), *home = getenv("HOME");
+	if (geteuid() == 0)
+		snprintf(cfg->state_dir, sizeof(cfg->state_dir), "/var/lib/kvside");
+	else if (state && *state)
+		snprintf(cfg->state_dir, sizeof(cfg->state_dir), "%s/kvside", state);
+	else
+		snprintf(cfg->state_dir, sizeof(cfg->state_dir), "%s/.local/state/kvside", home ? home : "/tmp");
 	cfg->max_peer_queue = 8ull << 20;
 	cfg->max_queued = 256ull << 20;
 	cfg->log_level = KVS_LOG_INFO;
@@ -223,6 +233,27 @@ static void modules_fini(kvs_server *srv)
 	srv->l1 = NULL;
 }
 
+/* allow-uid: the second user reaches the run directory (x) and both
+ * sockets (rw) through ACL entries; the mode bits stay owner-only. */
+static int grant_allowed_uid(kvs_server *srv)
+{
+	uid_t uid = (uid_t)srv->cfg.allow_uid;
+	const char *zmq_path = strncmp(srv->endpoint, "ipc://", 6) == 0 ? srv->endpoint + 6 : NULL;
+	int r = kvs_access_grant(srv->cfg.broker_dir, uid, 1);
+	if (r == 0)
+		r = kvs_access_grant(srv->broker_path, uid, 6);
+	if (r == 0 && zmq_path)
+		r = kvs_access_grant(zmq_path, uid, 6);
+	if (r < 0) {
+		kvs_err("allow-uid %ld: cannot grant access to %s and its sockets: %s%s", srv->cfg.allow_uid,
+			srv->cfg.broker_dir, strerror(-r),
+			r == -EOPNOTSUPP ? " (the filesystem has no POSIX ACLs: put broker-dir on one that has)" : "");
+		return r;
+	}
+	kvs_info("allow-uid %ld: may use the broker and the ipc endpoint (not admin commands)", srv->cfg.allow_uid);
+	return 0;
+}
+
 /* ---- request dispatch --------------------------------------------------- */
 
 static const kvs_op_fn handlers[KVS_OP_COUNT_] = {
@@ -334,8 +365,10 @@ static void router_ready(kvs_server *srv)
 			kvs__reply_err(srv, id, idlen, rop, rid, KVS_E_BADMSG,
 				       "expected exactly one frame per message, got %d", nframes - 1);
 		}
-		else
+		else {
+			srv->peer = kvs_auth_peer(srv->auth, &body); /* who asks (admin gate) */
 			dispatch(srv, id, idlen, zmq_msg_data(&body), zmq_msg_size(&body));
+		}
 		zmq_msg_close(&body);
 		zmq_msg_close(&ident);
 	}
@@ -391,19 +424,24 @@ int kvs_server_create(const kvs_server_config *cfg, kvs_server **ret)
 	zmq_setsockopt(srv->router, ZMQ_RCVHWM, &hwm, sizeof(hwm));
 	int64_t maxmsg = KVS_MAX_MSG_BYTES + 4096; /* bigger ones are dropped by ZeroMQ itself */
 	zmq_setsockopt(srv->router, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg));
-	if (cfg->listen[0])
+	if ((r = kvs_auth_create(srv->zctx, cfg, &srv->auth)) < 0)
+		goto err_router;
+	/* the ipc endpoint always (local engines, operators); a tcp:// listen
+	 * in addition, with CURVE unless insecure-tcp */
+	bool tcp = strncmp(cfg->listen, "tcp://", 6) == 0;
+	if (cfg->listen[0] && !tcp)
 		snprintf(srv->endpoint, sizeof(srv->endpoint), "%s", cfg->listen);
 	else
 		snprintf(srv->endpoint, sizeof(srv->endpoint), "ipc://%s/kvside.zmq", cfg->broker_dir);
-	if (zmq_bind(srv->router, srv->endpoint) != 0) {
-		r = -errno;
-		kvs_err("cannot bind %s: %s", srv->endpoint, zmq_strerror(errno));
+	if ((r = kvs_auth_bind(srv->auth, srv->router, srv->endpoint)) < 0 ||
+	    (tcp && (r = kvs_auth_bind(srv->auth, srv->router, cfg->listen)) < 0))
 		goto err_router;
-	}
 	if (strncmp(srv->endpoint, "ipc://", 6) == 0)
 		chmod(srv->endpoint + 6, 0600);
-	kvs_info("listening on %s, broker %s, ttl %llu ms, L1 %llu MiB", srv->endpoint,
-		 srv->broker_path, (unsigned long long)cfg->ttl_ms,
+	if (cfg->allow_uid >= 0 && (r = grant_allowed_uid(srv)) < 0)
+		goto err_router;
+	kvs_info("listening on %s%s%s, broker %s, ttl %llu ms, L1 %llu MiB", srv->endpoint, tcp ? " and " : "",
+		 tcp ? cfg->listen : "", srv->broker_path, (unsigned long long)cfg->ttl_ms,
 		 (unsigned long long)(cfg->l1_size >> 20));
 	if (cfg->kv_events[0]) {
 		char why[300];
@@ -421,6 +459,8 @@ int kvs_server_create(const kvs_server_config *cfg, kvs_server **ret)
 	return 0;
 
 err_router:
+	kvs_auth_destroy(srv->auth);
+	srv->auth = NULL;
 	zmq_close(srv->router);
 err_ctx:
 	zmq_ctx_term(srv->zctx);
@@ -463,6 +503,7 @@ void kvs_server_destroy(kvs_server *srv)
 		zmq_close(srv->router);
 	}
 	kvs_events_close(srv->events);
+	kvs_auth_destroy(srv->auth);
 	if (srv->zctx)
 		zmq_ctx_term(srv->zctx);
 	kvs_cq_destroy(srv->cq);
@@ -523,13 +564,14 @@ static void close_overflowed(kvs_server *srv)
 int kvs_server_run(kvs_server *srv, int sigfd)
 {
 	uint64_t next_tick = 0;
-	zmq_pollitem_t items[5 + KVS_MAX_BROKER_CONNS];
+	zmq_pollitem_t items[6 + KVS_MAX_BROKER_CONNS];
 	while (!srv->stopping) {
 		int n = 0;
 		items[n++] = (zmq_pollitem_t){.socket = srv->router, .events = ZMQ_POLLIN};
 		items[n++] = (zmq_pollitem_t){.fd = srv->broker_fd, .events = ZMQ_POLLIN};
 		items[n++] = (zmq_pollitem_t){.fd = kvs_cq_fd(srv->cq), .events = ZMQ_POLLIN};
 		items[n++] = (zmq_pollitem_t){.fd = sigfd, .events = ZMQ_POLLIN};
+		items[n++] = (zmq_pollitem_t){.socket = kvs_auth_zap_socket(srv->auth), .events = ZMQ_POLLIN};
 		void *replay = kvs_events_replay_socket(srv->events);
 		if (replay)
 			items[n++] = (zmq_pollitem_t){.socket = replay, .events = ZMQ_POLLIN};
@@ -565,7 +607,9 @@ int kvs_server_run(kvs_server *srv, int sigfd)
 					kvs__broker_conn_ready(srv, i - nfix);
 			if (items[1].revents & ZMQ_POLLIN)
 				kvs__broker_accept(srv);
-			if (replay && (items[4].revents & ZMQ_POLLIN))
+			if (items[4].revents & ZMQ_POLLIN)
+				kvs_auth_zap_ready(srv->auth);
+			if (replay && (items[5].revents & ZMQ_POLLIN))
 				kvs_events_replay(srv->events);
 		}
 		if (srv->now_ms >= next_tick) {

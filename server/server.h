@@ -35,6 +35,9 @@ typedef struct kvs_server_config {
 	uint32_t max_sessions;  /* hello beyond this many open sessions: E_LIMIT */
 	uint64_t max_peer_queue; /* bytes of replies waiting for one peer (then it is cut off) */
 	uint64_t max_queued;     /* bytes of replies waiting for all peers */
+	bool insecure_tcp;       /* tcp:// without CURVE */
+	char state_dir[256];     /* the server's CURVE key pair (tcp://) */
+	char authorized_keys[256]; /* client public keys; "" = <state_dir>/authorized_keys */
 	int log_level;
 	int log_format;         /* enum kvs_log_format */
 	char kv_events[256];        /* ZeroMQ PUB endpoint of KV events; "" = off */
@@ -131,6 +134,8 @@ struct kvs_server {
 	kvs_htab *sessions; /* kvs_session by id */
 	kvs_htab *schedulers; /* scheduler sessions by engine digest (reply.c) */
 	struct kvs_peers *peers; /* bytes waiting for each peer (reply.c) */
+	struct kvs_auth *auth;   /* CURVE, ZAP, who may run admin (auth.c) */
+	int peer;                /* enum kvs_peer_kind of the request being handled */
 	kvs_htab *parked;   /* kvs_parked by token */
 	kvs_htab *consumed; /* recently claimed tokens (ring entries), refused if replayed */
 	struct kvs_token_ent { uint8_t token[16]; } *consumed_ring;

@@ -5,6 +5,7 @@
 
 #include "kvs_log.h"
 
+#include "auth.h"
 #include "copy_host.h"
 #include "copy_cuda.h"
 #include "jobs.h"
@@ -104,6 +105,7 @@ uint32_t kvs__stats_collect(kvs_server *srv, kvs_counter *c, char (*names)[32])
 	C("draining", srv->draining);
 	C("reply_bytes_queued", kvs__peers_queued(srv));
 	C("peers_cut_off", kvs__peers_closed(srv));
+	C("auth_refused", kvs_auth_refused(srv->auth));
 	C("metrics_port", srv->metrics_port);
 	kvs_cuda_stats cs = {0};
 	if (srv->cuda)

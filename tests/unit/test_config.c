@@ -294,7 +294,8 @@ START_TEST(example_file_holds_the_defaults)
 			{"prefault", "false"}, {"allow-uid", "7"}, {"l2-path", "/x"}, {"l2-size", "5M"},
 			{"l2-sync", "none"}, {"metrics-listen", "127.0.0.1:7"},
 			{"metrics-stall-ms", "7"}, {"log-level", "error"}, {"log-format", "json"}, {"cuda-staging", "7M"},
-			{"cuda-stage-min", "7K"}};
+			{"cuda-stage-min", "7K"}, {"max-sessions", "7"}, {"max-peer-queue", "7M"},
+			{"max-queued", "9M"}, {"insecure-tcp", "true"}, {"authorized-keys", "/x"}};
 		for (size_t i = 0; i < sizeof(odd) / sizeof(odd[0]); i++)
 			if (strcmp(odd[i].name, k->name) == 0)
 				ck_assert_int_eq(kvs_config_set(&c, k->name, odd[i].val, err, sizeof(err)), 0);
@@ -304,6 +305,7 @@ START_TEST(example_file_holds_the_defaults)
 	/* broker-dir is commented out in the example: its default depends on
 	 * the environment */
 	snprintf(c.broker_dir, sizeof(c.broker_dir), "%s", d.broker_dir);
+	snprintf(c.state_dir, sizeof(c.state_dir), "%s", d.state_dir); /* likewise */
 	all_equal(&c, &d);
 }
 END_TEST
