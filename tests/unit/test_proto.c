@@ -1,4 +1,4 @@
-/* Unit tests for the protocol v1 codec (common/kvs_proto.c).
+/* Unit tests for the protocol v1 codec (common/kvs_proto_*.c).
  *
  * Three parts:
  *  - round trips: every request and every reply shape is encoded from a
