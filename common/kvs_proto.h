@@ -2,9 +2,9 @@
  *
  * Every message is one ZeroMQ frame holding one msgpack map with string keys.
  * A decoded message is a flat kvs_msg: the fields of every op live side by
- * side and each op's table (kvs_proto.c) says which of them it carries, which
- * are required and what limits apply. docs/protocol.md is the normative text;
- * keep the two in step.
+ * side and each op's table (kvs_proto_fields.c) says which of them it
+ * carries, which are required and what limits apply. docs/protocol.md is the
+ * normative text; keep the two in step.
  *
  * Ownership: kvs_proto_decode() fills a kvs_msg whose strings, binaries and
  * arrays borrow from the input buffer and from msg->zone; they stay valid

@@ -113,77 +113,38 @@ void kvb_key(uint64_t a, uint64_t b, uint8_t out[32])
 	crypto_generichash(out, 32, (const uint8_t *)in, sizeof(in), NULL, 0);
 }
 
-int kvb_server_start_v(const kvb_opts *o, kvb_server *s, char *const *extra)
+int kvb_server_start(const kvb_opts *o, kvt_server *s, ...)
 {
-	memset(s, 0, sizeof(*s));
-	snprintf(s->dir, sizeof(s->dir), "%s/srv-XXXXXX", o->dir);
-	if (!mkdtemp(s->dir))
-		return -1;
-	snprintf(s->run, sizeof(s->run), "%s/run", s->dir);
-	pid_t pid = fork();
-	if (pid == 0) {
-		char *argv[40];
-		int n = 0;
-		argv[n++] = (char *)o->server;
-		argv[n++] = "--broker-dir";
-		argv[n++] = s->run;
-		argv[n++] = "--log-level";
-		argv[n++] = "error";
-		for (int i = 0; extra && extra[i] && n < 38; i++)
-			argv[n++] = extra[i];
-		argv[n] = NULL;
-		execv(o->server, argv);
-		_exit(127);
-	}
-	s->pid = pid;
-	for (int i = 0; i < 500; i++) {
-		char p[400];
-		snprintf(p, sizeof(p), "%s/kvside.zmq", s->run);
-		if (access(p, F_OK) == 0) {
-			kvs_client *c = kvb_client(s, "probe", KVS_ROLE_SCHEDULER, 0, 1);
-			if (c) {
-				/* measure a warm server: let the L1 arena fault in first */
-				for (int k = 0; k < 3000; k++) {
-					uint64_t cap = kvb_stat(c, "l1_capacity"), pf = kvb_stat(c, "l1_prefaulted_bytes");
-					if (pf >= cap || pf == UINT64_MAX)
-						break;
-					usleep(10000);
-				}
-				kvs_client_close(c);
-				return 0;
-			}
-		}
-		if (waitpid(pid, NULL, WNOHANG) == pid)
-			return -1;
-		usleep(10000);
-	}
-	return -1;
-}
-
-int kvb_server_start(const kvb_opts *o, kvb_server *s, ...)
-{
-	char *extra[32];
+	char *extra[KVT_MAX_EXTRA + 1];
 	int n = 0;
 	va_list ap;
 	va_start(ap, s);
 	char *a;
-	while ((a = va_arg(ap, char *)) != NULL && n < 31)
+	while ((a = va_arg(ap, char *)) != NULL && n < KVT_MAX_EXTRA)
 		extra[n++] = a;
 	va_end(ap);
 	extra[n] = NULL;
-	return kvb_server_start_v(o, s, extra);
+	if (kvt_server_init_in(s, o->dir, extra) != 0)
+		return -1;
+	s->exe = o->server;
+	s->log_level = "error";
+	s->ns = "bench-model";
+	s->timeout_ms = 30000;
+	if (kvt_server_start(s) != 0)
+		return -1;
+	/* measure a warm server: let the L1 arena fault in first */
+	kvs_client *c = kvt_client(s, "probe", KVS_ROLE_SCHEDULER, 0, 1, NULL, NULL);
+	for (int k = 0; c && k < 3000; k++) {
+		uint64_t cap = kvb_stat(c, "l1_capacity"), pf = kvb_stat(c, "l1_prefaulted_bytes");
+		if (pf >= cap || pf == UINT64_MAX)
+			break;
+		usleep(10000);
+	}
+	kvs_client_close(c);
+	return 0;
 }
 
-void kvb_server_stop(kvb_server *s, bool hard)
-{
-	if (s->pid <= 0)
-		return;
-	kill(s->pid, hard ? SIGKILL : SIGTERM);
-	waitpid(s->pid, NULL, 0);
-	s->pid = 0;
-}
-
-long kvb_server_rss_kib(const kvb_server *s)
+long kvb_server_rss_kib(const kvt_server *s)
 {
 	char p[64], line[256];
 	snprintf(p, sizeof(p), "/proc/%d/status", (int)s->pid);
@@ -195,23 +156,6 @@ long kvb_server_rss_kib(const kvb_server *s)
 	if (f)
 		fclose(f);
 	return kib;
-}
-
-kvs_client *kvb_client(const kvb_server *s, const char *engine, int role, uint32_t rank, uint32_t world)
-{
-	kvs_client_config cfg = {.broker_dir = s->run, .engine = engine, .ns = "bench-model", .role = role,
-				 .rank = rank, .world = world, .timeout_ms = 30000};
-	kvs_client *c = NULL;
-	return kvs_client_open(&cfg, &c) == 0 ? c : NULL;
-}
-
-uint64_t kvb_stat(kvs_client *c, const char *name)
-{
-	kvs_stat_out st[256];
-	uint32_t n = 0;
-	if (kvs_stats(c, 10000, st, 256, &n) != 0)
-		return UINT64_MAX;
-	return kvs_stat_find(st, n, name);
 }
 
 static void usage(FILE *f)

@@ -1,5 +1,5 @@
-/* kvside-bench internals: result records, the server and rank-process
- * plumbing shared by the modes. */
+/* kvside-bench internals: options, result records, and the bench's way of
+ * using the test harness (server, clients and rank processes: harness.h). */
 #ifndef KVB_BENCH_H
 #define KVB_BENCH_H
 
@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "harness.h"
 #include "kvside.h"
 
 typedef struct kvb_opts {
@@ -28,20 +29,15 @@ void kvb_result(const char *name, double value, const char *unit, double baselin
 void kvb_note(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void kvb_print(const kvb_opts *o);
 
-typedef struct kvb_server {
-	pid_t pid;
-	char dir[256], run[300];
-} kvb_server;
-
-/* Starts kvside-server (extra args NULL-terminated) in a fresh run dir under
- * o->dir and waits for a hello. Returns 0 or -1. */
-int kvb_server_start(const kvb_opts *o, kvb_server *s, ...);
-int kvb_server_start_v(const kvb_opts *o, kvb_server *s, char *const *extra);
-void kvb_server_stop(kvb_server *s, bool hard);
-long kvb_server_rss_kib(const kvb_server *s);
-
-kvs_client *kvb_client(const kvb_server *s, const char *engine, int role, uint32_t rank, uint32_t world);
-uint64_t kvb_stat(kvs_client *c, const char *name);
+/* The server and its clients come from the test harness (harness.h), set
+ * up the bench's way: run dir under o->dir, o->server, --log-level error,
+ * namespace "bench-model", 30 s requests. kvb_server_start also waits until
+ * the L1 arena is faulted in, so that every mode measures a warm server.
+ * Extra server args NULL-terminated. 0 or -1. */
+int kvb_server_start(const kvb_opts *o, kvt_server *s, ...);
+long kvb_server_rss_kib(const kvt_server *s);
+/* A counter (UINT64_MAX on failure); the bench waits up to 10 s for it. */
+static inline uint64_t kvb_stat(kvs_client *c, const char *name) { return kvt_stat_ms(c, name, 10000); }
 
 double kvb_now(void); /* seconds, monotonic */
 void kvb_key(uint64_t a, uint64_t b, uint8_t out[32]);

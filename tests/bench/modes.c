@@ -38,11 +38,11 @@ typedef struct rank_ctx {
 	geo g;
 } rank_ctx;
 
-static int rank_setup(const kvb_server *s, const char *engine, uint32_t rank, uint32_t world, geo g, rank_ctx *r)
+static int rank_setup(const kvt_server *s, const char *engine, uint32_t rank, uint32_t world, geo g, rank_ctx *r)
 {
 	memset(r, 0, sizeof(*r));
 	r->g = g;
-	r->c = kvb_client(s, engine, KVS_ROLE_WORKER, rank, world);
+	r->c = kvt_client(s, engine, KVS_ROLE_WORKER, rank, world, NULL, NULL);
 	if (!r->c)
 		return -1;
 	r->size = (uint64_t)g.layers * g.nb * g.block;
@@ -217,7 +217,7 @@ static int run_lanes(rank_ctx *r, const copy_cfg *cc, rank_out *out, bool store)
 	return rc;
 }
 
-static void copy_child(const kvb_server *s, const copy_cfg *cc, uint32_t rank, int go_fd, int out_fd)
+static void copy_child(const kvt_server *s, const copy_cfg *cc, uint32_t rank, int go_fd, int out_fd)
 {
 	rank_ctx r;
 	rank_out out = {0};
@@ -241,33 +241,48 @@ static void copy_child(const kvb_server *s, const copy_cfg *cc, uint32_t rank, i
 	_exit(0);
 }
 
-/* Forks cc->ranks children running fn, releases them together, collects. */
-static int run_ranks(const kvb_server *s, const copy_cfg *cc,
-		     void (*fn)(const kvb_server *, const copy_cfg *, uint32_t, int, int), rank_out *outs)
+typedef void (*rank_fn)(const kvt_server *, const copy_cfg *, uint32_t, int, int);
+
+typedef struct rank_arg {
+	const kvt_server *s;
+	const copy_cfg *cc;
+	uint32_t rank;
+	rank_fn fn;
+} rank_arg;
+
+static void rank_entry(void *arg, int go_fd, int out_fd)
 {
-	int go[64][2], res[64][2];
-	pid_t pids[64];
+	rank_arg *a = arg;
+	a->fn(a->s, a->cc, a->rank, go_fd, out_fd);
+}
+
+/* Forks cc->ranks children running fn (kvt_proc: go on the command pipe,
+ * setup code and then rank_out on the result pipe), releases them
+ * together, collects. */
+static int run_ranks(const kvt_server *s, const copy_cfg *cc, rank_fn fn, rank_out *outs)
+{
+	kvt_proc p[64];
 	for (uint32_t i = 0; i < cc->ranks; i++) {
-		if (pipe(go[i]) || pipe(res[i]))
+		rank_arg a = {.s = s, .cc = cc, .rank = i, .fn = fn};
+		if (kvt_proc_start(&p[i], rank_entry, &a, NULL, 0) != 0) {
+			while (i-- > 0)
+				kvt_proc_kill(&p[i]);
 			return -1;
-		pids[i] = fork();
-		if (pids[i] == 0)
-			fn(s, cc, i, go[i][0], res[i][1]);
+		}
 	}
 	int rc = 0;
 	for (uint32_t i = 0; i < cc->ranks; i++) {
 		int r = -1;
-		if (read(res[i][0], &r, sizeof(r)) != sizeof(r) || r)
+		if (read(p[i].res_fd, &r, sizeof(r)) != sizeof(r) || r)
 			rc = -1;
 	}
 	for (uint32_t i = 0; i < cc->ranks; i++)
-		if (write(go[i][1], "g", 1) != 1)
+		if (write(p[i].cmd_fd, "g", 1) != 1)
 			rc = -1;
 	for (uint32_t i = 0; i < cc->ranks; i++) {
-		if (read(res[i][0], &outs[i], sizeof(outs[i])) != sizeof(outs[i]) || outs[i].rc)
+		if (read(p[i].res_fd, &outs[i], sizeof(outs[i])) != sizeof(outs[i]) || outs[i].rc)
 			rc = -1;
-		waitpid(pids[i], NULL, 0);
-		close(go[i][0]), close(go[i][1]), close(res[i][0]), close(res[i][1]);
+		kvt_proc_wait(&p[i]);
 	}
 	return rc;
 }
@@ -345,7 +360,7 @@ static uint64_t copy_size(copy_cfg *cc, uint64_t block, uint64_t per_job, uint64
 
 /* Runs cc's ranks; returns the bytes moved by all ranks in each direction
  * and the slowest rank's store and retrieve times, or -1. */
-static int copy_measure(const kvb_server *s, const copy_cfg *cc, uint64_t chunk_bytes, const char *mode,
+static int copy_measure(const kvt_server *s, const copy_cfg *cc, uint64_t chunk_bytes, const char *mode,
 			rank_out *outs, double *bytes, double *ts, double *tr)
 {
 	if (run_ranks(s, cc, copy_child, outs) != 0) {
@@ -369,7 +384,7 @@ int kvb_mode_copy(const kvb_opts *o)
 	uint64_t per_rank = o->quick ? (16u << 20) : (256u << 20);
 	char l1[32];
 	snprintf(l1, sizeof(l1), "%llu", (unsigned long long)(o->l1_size ? o->l1_size : 4ull << 30));
-	kvb_server s;
+	kvt_server s;
 	if (kvb_server_start(o, &s, "--l1-size", l1, NULL) != 0) {
 		fprintf(stderr, "copy: server did not start\n");
 		return 1;
@@ -403,13 +418,14 @@ int kvb_mode_copy(const kvb_opts *o)
 		snprintf(nm, sizeof(nm), "copy retrieve job p99 (%lluK)", (unsigned long long)(cc.g.block >> 10));
 		kvb_result(nm, kvb_pct(outs[0].lat_retrieve, outs[0].n_lat, 0.99) * 1e3, "ms", 0, "");
 	}
-	kvb_server_stop(&s, false);
+	kvt_server_stop(&s);
+	kvt_server_cleanup(&s);
 	return rc;
 }
 
 /* ---- control plane ------------------------------------------------------------ */
 
-static void control_child(const kvb_server *s, const copy_cfg *cc, uint32_t rank, int go_fd, int out_fd)
+static void control_child(const kvt_server *s, const copy_cfg *cc, uint32_t rank, int go_fd, int out_fd)
 {
 	rank_ctx r;
 	rank_out out = {0};
@@ -491,7 +507,7 @@ static double zmq_echo_rtt(const char *dir, size_t len, uint32_t n)
 
 int kvb_mode_control(const kvb_opts *o)
 {
-	kvb_server s;
+	kvt_server s;
 	if (kvb_server_start(o, &s, "--l1-size", "1073741824", NULL) != 0)
 		return 1;
 	int rc = 0;
@@ -514,7 +530,7 @@ int kvb_mode_control(const kvb_opts *o)
 	uint32_t jobs2 = o->quick ? 20 : 200;
 	copy_cfg big = {.ranks = o->ranks, .run = 901, .jobs = jobs2,
 			.g = {.layers = 1, .bpc = 32, .nb = 32 * (jobs2 + 1), .block = 64 << 10}};
-	kvs_client *sc = kvb_client(&s, "ctl", KVS_ROLE_SCHEDULER, 0, o->ranks);
+	kvs_client *sc = kvt_client(&s, "ctl", KVS_ROLE_SCHEDULER, 0, o->ranks, NULL, NULL);
 	uint64_t busy0 = sc ? kvb_stat(sc, "loop_busy_us") : 0;
 	if (sc && run_ranks(&s, &big, control_child, outs) == 0) {
 		uint64_t busy = kvb_stat(sc, "loop_busy_us") - busy0;
@@ -533,7 +549,8 @@ int kvb_mode_control(const kvb_opts *o)
 		rc = 1;
 	}
 	kvs_client_close(sc);
-	kvb_server_stop(&s, false);
+	kvt_server_stop(&s);
+	kvt_server_cleanup(&s);
 	return rc;
 }
 
@@ -723,7 +740,7 @@ int kvb_mode_trace(const kvb_opts *o)
 	uint64_t l1b = o->l1_size ? o->l1_size : (256ull << 20);
 	snprintf(l1, sizeof(l1), "%llu", (unsigned long long)l1b);
 	snprintf(l2s, sizeof(l2s), "%llu", (unsigned long long)(o->l2_size ? o->l2_size : (1ull << 30)));
-	kvb_server s;
+	kvt_server s;
 	int rc;
 	snprintf(l2p, sizeof(l2p), "%s/trace-l2-%d", o->dir, (int)getpid());
 	if (o->l2_size)
@@ -733,7 +750,7 @@ int kvb_mode_trace(const kvb_opts *o)
 	if (rc)
 		return 1;
 	rank_ctx r;
-	kvs_client *sched = kvb_client(&s, "trace", KVS_ROLE_SCHEDULER, 0, 1);
+	kvs_client *sched = kvt_client(&s, "trace", KVS_ROLE_SCHEDULER, 0, 1, NULL, NULL);
 	if (!sched || rank_setup(&s, "trace", 0, 1, g, &r) != 0)
 		return 1;
 	double *lat = malloc(sizeof(double) * (nreq ? nreq : 1));
@@ -802,7 +819,8 @@ int kvb_mode_trace(const kvb_opts *o)
 		fprintf(stderr, "trace: hit ratio %.6f vs bound %.6f violates the expectation\n", ratio, bound);
 	kvs_client_close(r.c);
 	kvs_client_close(sched);
-	kvb_server_stop(&s, false);
+	kvt_server_stop(&s);
+	kvt_server_cleanup(&s);
 	char cmd[400];
 	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", l2p);
 	if (system(cmd) != 0)
@@ -842,12 +860,12 @@ int kvb_mode_restart(const kvb_opts *o)
 	for (int i = 0; i < 2 && !rc; i++) {
 		char l2p[320];
 		snprintf(l2p, sizeof(l2p), "%s/restart-l2-%d-%d", o->dir, (int)getpid(), i);
-		kvb_server s;
+		kvt_server s;
 		if (kvb_server_start(o, &s, "--l1-size", "1073741824", "--l2-path", l2p, "--l2-size", "2147483648", NULL))
 			return 1;
 		geo g = {.layers = 1, .bpc = 1, .nb = 4096, .block = 4096};
 		rank_ctx r;
-		kvs_client *sc = kvb_client(&s, "restart", KVS_ROLE_SCHEDULER, 0, 1);
+		kvs_client *sc = kvt_client(&s, "restart", KVS_ROLE_SCHEDULER, 0, 1, NULL, NULL);
 		if (!sc || rank_setup(&s, "restart", 0, 1, g, &r) || fill(sc, &r, 555 + i, sizes[i])) {
 			rc = 1;
 			break;
@@ -858,25 +876,19 @@ int kvb_mode_restart(const kvb_opts *o)
 			kvb_note("restart: %llu L2 writes dropped while filling", (unsigned long long)kvb_stat(sc, "l2_write_drops"));
 		kvs_client_close(r.c);
 		kvs_client_close(sc);
-		kvb_server_stop(&s, false);
-		/* restart: time from exec to the first L2 hit seen by a fresh client */
+		kvt_server_stop(&s);
+		/* restart: time from exec to the first L2 hit seen by a fresh
+		 * client (the same run dir and arguments) */
 		double t0 = kvb_now();
-		char dir[256];
-		snprintf(dir, sizeof(dir), "%s", s.dir);
-		pid_t pid = fork();
-		if (pid == 0) {
-			char run[300];
-			snprintf(run, sizeof(run), "%s/run", dir);
-			execl(o->server, o->server, "--broker-dir", run, "--log-level", "error", "--l1-size", "1073741824",
-			      "--l2-path", l2p, "--l2-size", "2147483648", (char *)NULL);
-			_exit(127);
+		if (kvt_server_spawn(&s) != 0) {
+			rc = 1;
+			break;
 		}
-		s.pid = pid;
 		uint8_t key[32];
 		kvb_key(555 + i, 0, key);
 		double hit_at = -1;
 		while (kvb_now() - t0 < 20) {
-			kvs_client *c = kvb_client(&s, "restart", KVS_ROLE_SCHEDULER, 0, 1);
+			kvs_client *c = kvt_client(&s, "restart", KVS_ROLE_SCHEDULER, 0, 1, NULL, NULL);
 			uint64_t h = 0;
 			if (c && kvs_lookup(c, key, 1, false, 0, 2000, &h, NULL) == 0 && h == 1)
 				hit_at = kvb_now() - t0;
@@ -890,9 +902,10 @@ int kvb_mode_restart(const kvb_opts *o)
 		kvb_result(nm, hit_at * 1e3, "ms", 0, "< 1000 ms, flat in L2 size");
 		if (hit_at < 0)
 			rc = 1;
-		kvb_server_stop(&s, false);
-		char cmd[700];
-		snprintf(cmd, sizeof(cmd), "rm -rf '%s' '%s'", l2p, s.dir);
+		kvt_server_stop(&s);
+		kvt_server_cleanup(&s);
+		char cmd[400];
+		snprintf(cmd, sizeof(cmd), "rm -rf '%s'", l2p);
 		if (system(cmd) != 0)
 			rc = 1;
 	}
@@ -908,13 +921,13 @@ int kvb_mode_memory(const kvb_opts *o)
 	for (int i = 0; i < 2 && !rc; i++) {
 		char l1[32];
 		snprintf(l1, sizeof(l1), "%llu", (unsigned long long)(sizes[i] * 4096 + (64ull << 20)));
-		kvb_server s;
+		kvt_server s;
 		if (kvb_server_start(o, &s, "--l1-size", l1, NULL))
 			return 1;
 		long rss0 = kvb_server_rss_kib(&s);
 		geo g = {.layers = 1, .bpc = 1, .nb = 4096, .block = 4096};
 		rank_ctx r;
-		kvs_client *sc = kvb_client(&s, "mem", KVS_ROLE_SCHEDULER, 0, 1);
+		kvs_client *sc = kvt_client(&s, "mem", KVS_ROLE_SCHEDULER, 0, 1, NULL, NULL);
 		if (!sc || rank_setup(&s, "mem", 0, 1, g, &r) || fill(NULL, &r, 777 + i, sizes[i])) {
 			rc = 1;
 			break;
@@ -932,11 +945,8 @@ int kvb_mode_memory(const kvb_opts *o)
 		kvb_result(nm, over, "bytes", 0, "<= 200 bytes");
 		kvs_client_close(r.c);
 		kvs_client_close(sc);
-		kvb_server_stop(&s, false);
-		char cmd[400];
-		snprintf(cmd, sizeof(cmd), "rm -rf '%s'", s.dir);
-		if (system(cmd) != 0)
-			rc = 1;
+		kvt_server_stop(&s);
+		kvt_server_cleanup(&s);
 	}
 	return rc;
 }
@@ -1098,28 +1108,35 @@ static void gpu_baselines(const uint64_t *blocks, int nb, gpu_base *out)
 	out->ok = 1;
 }
 
+typedef struct gpu_blocks {
+	const uint64_t *blocks;
+	int nb;
+} gpu_blocks;
+
+static void baselines_child(void *arg, int cmd_fd, int res_fd)
+{
+	const gpu_blocks *g = arg;
+	gpu_base b;
+	(void)cmd_fd;
+	gpu_baselines(g->blocks, g->nb, &b);
+	if (write(res_fd, &b, sizeof(b)) != sizeof(b))
+		_exit(1);
+	_exit(0);
+}
+
 int kvb_mode_gpu(const kvb_opts *o)
 {
 	static const uint64_t blocks[] = {4 << 10, 16 << 10, 64 << 10, 256 << 10, 2 << 20};
 	const int nb = 5;
 	/* baselines in a child: the parent must stay CUDA-free to fork ranks */
-	int pfd[2];
+	gpu_blocks gbk = {.blocks = blocks, .nb = nb};
 	gpu_base gb = {0};
-	if (pipe(pfd))
+	kvt_proc bp;
+	if (kvt_proc_start(&bp, baselines_child, &gbk, NULL, 0) != 0)
 		return 1;
-	pid_t pid = fork();
-	if (pid == 0) {
-		gpu_base b;
-		gpu_baselines(blocks, nb, &b);
-		if (write(pfd[1], &b, sizeof(b)) != sizeof(b))
-			_exit(1);
-		_exit(0);
-	}
-	if (read(pfd[0], &gb, sizeof(gb)) != sizeof(gb))
+	if (read(bp.res_fd, &gb, sizeof(gb)) != sizeof(gb))
 		gb.ok = 0;
-	waitpid(pid, NULL, 0);
-	close(pfd[0]);
-	close(pfd[1]);
+	kvt_proc_wait(&bp);
 	if (!gb.ok) {
 		kvb_note("gpu: no GPU in this run: the cuda copy modes report nothing");
 		fprintf(stderr, "gpu: no GPU (cuda modes skipped)\n");
@@ -1145,10 +1162,10 @@ int kvb_mode_gpu(const kvb_opts *o)
 	}
 	char l1[32];
 	snprintf(l1, sizeof(l1), "%llu", (unsigned long long)(o->l1_size ? o->l1_size : 16ull << 30));
-	kvb_server s;
+	kvt_server s;
 	if (kvb_server_start(o, &s, "--l1-size", l1, NULL) != 0)
 		return 1;
-	kvs_client *sc = kvb_client(&s, "bench", KVS_ROLE_SCHEDULER, 0, 1);
+	kvs_client *sc = kvt_client(&s, "bench", KVS_ROLE_SCHEDULER, 0, 1, NULL, NULL);
 	for (int w = 0; sc && w < 3000 && kvb_stat(sc, "cuda_pinned_bytes") < kvb_stat(sc, "l1_capacity"); w++)
 		usleep(10000);
 	int rc = 0;
@@ -1225,7 +1242,8 @@ int kvb_mode_gpu(const kvb_opts *o)
 	kvb_note("gpu: store/retrieve GB/s are whole jobs end to end (store + complete + job_done, all ranks), "
 		 "gathering every other block; the ceiling is one 512 MiB cuMemcpyAsync between device and pinned memory");
 	kvs_client_close(sc);
-	kvb_server_stop(&s, false);
+	kvt_server_stop(&s);
+	kvt_server_cleanup(&s);
 	return rc;
 }
 #else

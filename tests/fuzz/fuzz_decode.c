@@ -1,4 +1,4 @@
-/* libFuzzer harness for the protocol v1 decoder (common/kvs_proto.c).
+/* libFuzzer harness for the protocol v1 decoder (common/kvs_proto_*.c).
  *
  * Every input is decoded both as a request and as a reply/push. A failure
  * must be a project error code with err filled and nothing left to free. A

@@ -6,12 +6,9 @@
  * one server process; a rank killed mid-store; restart with L2.
  * Exits 77 (skip) where the server finds no GPU. */
 #include <errno.h>
-#include <poll.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -200,6 +197,11 @@ static bool legacy;
 static const char *engine = "G";
 static uint32_t world = W;
 
+typedef struct prank_arg {
+	kvt_server *s;
+	uint32_t rank;
+} prank_arg;
+
 static void rank_main(kvt_server *s, uint32_t rank, int cfd, int rfd)
 {
 	rk r = {.rank = rank};
@@ -255,29 +257,21 @@ static void rank_main(kvt_server *s, uint32_t rank, int cfd, int rfd)
 	_exit(0);
 }
 
-typedef struct prank {
-	pid_t pid;
-	int cfd, rfd;
-} prank;
+typedef kvt_proc prank;
+
+static void rank_entry(void *arg, int cfd, int rfd)
+{
+	const prank_arg *a = arg;
+	rank_main(a->s, a->rank, cfd, rfd);
+}
 
 static int start_rank(prank *p, kvt_server *s, uint32_t rank)
 {
-	int a[2], b[2];
-	if (pipe(a) || pipe(b))
+	prank_arg a = {.s = s, .rank = rank};
+	if (kvt_proc_start(p, rank_entry, &a, NULL, 0) != 0)
 		return -1;
-	p->pid = fork();
-	if (p->pid == 0) {
-		close(a[1]);
-		close(b[0]);
-		rank_main(s, rank, a[0], b[1]);
-	}
-	close(a[0]);
-	close(b[1]);
-	p->cfd = a[1];
-	p->rfd = b[0];
 	res r;
-	struct pollfd pf = {.fd = p->rfd, .events = POLLIN};
-	if (poll(&pf, 1, 60000) != 1 || read(p->rfd, &r, sizeof(r)) != sizeof(r))
+	if (kvt_proc_call(p, NULL, 0, &r, sizeof(r), 60000) != 0)
 		return -1;
 	return r.code;
 }
@@ -285,10 +279,9 @@ static int start_rank(prank *p, kvt_server *s, uint32_t rank)
 static res do1(prank *p, cmd c)
 {
 	res r = {.code = -999};
-	if (write(p->cfd, &c, sizeof(c)) != sizeof(c))
+	if (write(p->cmd_fd, &c, sizeof(c)) != sizeof(c))
 		return r;
-	struct pollfd pf = {.fd = p->rfd, .events = POLLIN};
-	if (poll(&pf, 1, 60000) != 1 || read(p->rfd, &r, sizeof(r)) != sizeof(r))
+	if (kvt_proc_call(p, NULL, 0, &r, sizeof(r), 60000) != 0)
 		r.code = -998;
 	return r;
 }
@@ -393,8 +386,7 @@ int main(void)
 	all(p, W - 1, (cmd){.op = C_STORE, .job = 4, .n = 4, .src = 128}, 0);
 	res r3 = do1(&p[W - 1], (cmd){.op = C_STORE, .job = 4, .n = 4, .src = 128});
 	CHECK(r3.code == 0, "rank 3 store");
-	kill(p[W - 1].pid, SIGKILL);
-	waitpid(p[W - 1].pid, NULL, 0);
+	kvt_proc_kill(&p[W - 1]);
 	CHECK(wait_job(sc, 4) == KVS_JOB_ABORTED, "job 4 not aborted");
 	CHECK(KVT_WAIT(kvt_stat(sc, "imports") == W - 1, 5000), "killed rank's import not released: %llu",
 	      (unsigned long long)kvt_stat(sc, "imports"));
@@ -440,12 +432,12 @@ int main(void)
 	CHECK(lr.value == 0, "legacy memory: %llu words differ", (unsigned long long)lr.value);
 	printf("cuMemAlloc'd (legacy, CUDA IPC) memory: store -> retrieve byte-exact, rest untouched\n");
 	do1(&lp, (cmd){.op = C_EXIT});
-	waitpid(lp.pid, NULL, 0);
+	kvt_proc_wait(&lp);
 	kvs_client_close(lsc);
 	for (int i = 0; i < W; i++)
 		do1(&p[i], (cmd){.op = C_EXIT});
 	for (int i = 0; i < W; i++)
-		waitpid(p[i].pid, NULL, 0);
+		kvt_proc_wait(&p[i]);
 	kvs_client_close(sc);
 	CHECK(kvt_server_stop(&s) == 0, "server exit");
 	kvt_server_cleanup(&s);

@@ -1,46 +1,13 @@
 /* Hybrid-layout rank processes; see hybrid_rank.h. */
 #include "hybrid_rank.h"
 
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "rank.h" /* kvt_key_p */
-
-/* Parent-side fds a forked rank must not keep: the other ranks' pipe ends
- * (else a rank whose test died would never see EOF) and their memfds. */
-static int parent_fds[256];
-static int n_parent_fds;
-
-static void fd_track(int fd)
-{
-	if (n_parent_fds < (int)(sizeof(parent_fds) / sizeof(parent_fds[0])))
-		parent_fds[n_parent_fds++] = fd;
-}
-
-static void fd_untrack(int fd)
-{
-	for (int i = 0; i < n_parent_fds; i++)
-		if (parent_fds[i] == fd) {
-			parent_fds[i] = parent_fds[--n_parent_fds];
-			return;
-		}
-}
-
-kvs_client *hr_client(kvt_server *s, const char *engine, const char *ns, int role, uint32_t rank,
-		      uint32_t world)
-{
-	kvs_client_config cfg = {.broker_dir = s->run, .engine = engine, .ns = ns, .role = role,
-				 .rank = rank, .world = world, .timeout_ms = 3000};
-	kvs_client *c = NULL;
-	if (kvs_client_open(&cfg, &c) != 0)
-		return NULL;
-	return c;
-}
 
 /* ---- layout ------------------------------------------------------------------ */
 
@@ -200,14 +167,7 @@ static int do_register(kvs_client *c, hr_region *rg)
 static void rank_main(kvt_server *s, const char *engine, const char *ns, hr_region *rg, uint32_t rank,
 		      uint32_t world, int cfd, int rfd)
 {
-	for (int i = 0; i < n_parent_fds; i++) {
-		bool own = false;
-		for (uint32_t a = 0; a < rg->n_allocs; a++)
-			own |= parent_fds[i] == rg->fd[a];
-		if (!own)
-			close(parent_fds[i]);
-	}
-	kvs_client *c = hr_client(s, engine, ns, KVS_ROLE_WORKER, rank, world);
+	kvs_client *c = kvt_client_ns(s, engine, ns, KVS_ROLE_WORKER, rank, world);
 	hr_res res = {.code = c ? do_register(c, rg) : -1};
 	if (write(rfd, &res, sizeof(res)) != sizeof(res))
 		_exit(4);
@@ -247,6 +207,19 @@ static void rank_main(kvt_server *s, const char *engine, const char *ns, hr_regi
 	_exit(0);
 }
 
+typedef struct rank_arg {
+	kvt_server *s;
+	const char *engine, *ns;
+	hr_region *rg;
+	uint32_t rank, world;
+} rank_arg;
+
+static void rank_entry(void *arg, int cfd, int rfd)
+{
+	rank_arg *a = arg;
+	rank_main(a->s, a->engine, a->ns, a->rg, a->rank, a->world, cfd, rfd);
+}
+
 int hr_rank_start(hr_rank *r, kvt_server *s, const char *engine, const char *ns, int geom, uint32_t rank,
 		  uint32_t world, unsigned seed)
 {
@@ -257,7 +230,7 @@ int hr_rank_start(hr_rank *r, kvt_server *s, const char *engine, const char *ns,
 	for (uint32_t a = 0; a < rg->n_allocs; a++) {
 		if (kvs_memfd_create("kvt-hybrid", rg->size[a], &rg->fd[a], (void **)&rg->mem[a]) != 0)
 			return -1;
-		fd_track(rg->fd[a]);
+		kvt_proc_track(rg->fd[a]);
 		rg->src[a] = malloc(rg->size[a]);
 		if (!rg->src[a])
 			return -1;
@@ -269,68 +242,32 @@ int hr_rank_start(hr_rank *r, kvt_server *s, const char *engine, const char *ns,
 		}
 		memcpy(rg->mem[a], rg->src[a], rg->size[a]);
 	}
-	int cp[2], rp[2];
-	if (pipe(cp))
-		return -1;
-	if (pipe(rp)) {
-		close(cp[0]);
-		close(cp[1]);
-		return -1;
-	}
-	fd_track(cp[1]);
-	fd_track(rp[0]);
-	pid_t pid = fork();
-	if (pid < 0)
-		return -1;
-	if (pid == 0) {
-		close(cp[1]);
-		close(rp[0]);
-		rank_main(s, engine, ns, rg, rank, world, cp[0], rp[1]);
-	}
-	close(cp[0]);
-	close(rp[1]);
-	r->pid = pid;
-	r->cmd_fd = cp[1];
-	r->res_fd = rp[0];
+	/* the child keeps its own memfds and closes every other rank's */
+	rank_arg ra = {.s = s, .engine = engine, .ns = ns, .rg = rg, .rank = rank, .world = world};
 	r->rank = rank;
+	if (kvt_proc_start(&r->p, rank_entry, &ra, rg->fd, (int)rg->n_allocs) != 0)
+		return -1;
 	hr_res res;
-	if (kvt_pipe_call(r->cmd_fd, r->res_fd, NULL, 0, &res, sizeof(res), 15000) != 0)
+	if (kvt_proc_call(&r->p, NULL, 0, &res, sizeof(res), 15000) != 0)
 		return -1;
 	return res.code;
 }
 
 int hr_rank_do(hr_rank *r, const hr_cmd *cmd, hr_res *res)
 {
-	return kvt_pipe_call(r->cmd_fd, r->res_fd, cmd, sizeof(*cmd), res, sizeof(*res), 30000);
+	return kvt_proc_call(&r->p, cmd, sizeof(*cmd), res, sizeof(*res), 30000);
 }
 
 void hr_rank_stop(hr_rank *r)
 {
-	if (r->pid > 0) {
-		hr_cmd c = {.op = HR_EXIT};
-		bool gone = false;
-		if (write(r->cmd_fd, &c, sizeof(c)) == sizeof(c))
-			for (int i = 0; i < 500 && !gone; i++) {
-				gone = waitpid(r->pid, NULL, WNOHANG) == r->pid;
-				if (!gone)
-					usleep(10000);
-			}
-		if (!gone) {
-			kill(r->pid, SIGKILL);
-			waitpid(r->pid, NULL, 0);
-		}
-		r->pid = 0;
-		fd_untrack(r->cmd_fd);
-		fd_untrack(r->res_fd);
-		close(r->cmd_fd);
-		close(r->res_fd);
-	}
+	hr_cmd c = {.op = HR_EXIT};
+	kvt_proc_stop(&r->p, &c, sizeof(c));
 	hr_region *rg = &r->rg;
 	for (uint32_t a = 0; a < rg->n_allocs; a++) {
 		if (rg->mem[a])
 			munmap(rg->mem[a], rg->size[a]);
 		if (rg->fd[a] > 0) {
-			fd_untrack(rg->fd[a]);
+			kvt_proc_untrack(rg->fd[a]);
 			close(rg->fd[a]);
 		}
 		free(rg->src[a]);

@@ -1,8 +1,8 @@
 /* Rank processes with a hybrid KV layout (attention + sliding-window
  * attention + recurrent state groups) for the hybrid integration tests.
  *
- * Unlike rank.c, the memfd region of a rank is created by the test process
- * before the fork, so the test keeps a shared mapping of every rank's memory:
+ * Unlike rank.c (the fork/pipe core, kvt_proc, is the same), the memfd region
+ * of a rank is created by the test process before the fork, so the test keeps a shared mapping of every rank's memory:
  * it fills, poisons and verifies the bytes itself, while the forked rank
  * process owns the libkvside client (its own session, fd passing, register,
  * store/retrieve/complete) and is driven over a pipe. */
@@ -72,15 +72,10 @@ typedef struct hr_res {
 } hr_res;
 
 typedef struct hr_rank {
-	pid_t pid;
-	int cmd_fd, res_fd;
+	kvt_proc p;
 	uint32_t rank;
 	hr_region rg;
 } hr_rank;
-
-/* Opens a client with an explicit namespace (kvt_client uses "test-model"). */
-kvs_client *hr_client(kvt_server *s, const char *engine, const char *ns, int role, uint32_t rank,
-		      uint32_t world);
 
 /* Builds rank's region (random content, seeded by seed), forks the rank
  * process, which opens its client and registers. 0 once registered, else the

@@ -2,12 +2,10 @@
 #include "rank.h"
 
 #include <errno.h>
-#include <signal.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 /* Region layout: allocation 0 holds group 0 (5 layers, 1024 bytes per block,
@@ -247,65 +245,39 @@ static void rank_main(kvt_server *s, const char *engine, uint32_t rank, uint32_t
 	_exit(0);
 }
 
+typedef struct rank_arg {
+	kvt_server *s;
+	const char *engine;
+	uint32_t rank, world;
+} rank_arg;
+
+static void rank_entry(void *arg, int cfd, int rfd)
+{
+	rank_arg *a = arg;
+	rank_main(a->s, a->engine, a->rank, a->world, cfd, rfd);
+}
+
 int kvt_rank_start(kvt_rank *r, kvt_server *s, const char *engine, uint32_t rank, uint32_t world)
 {
-	int cp[2], rp[2];
-	if (pipe(cp) || pipe(rp))
-		return -1;
-	pid_t pid = fork();
-	if (pid < 0)
-		return -1;
-	if (pid == 0) {
-		close(cp[1]);
-		close(rp[0]);
-		rank_main(s, engine, rank, world, cp[0], rp[1]);
-	}
-	close(cp[0]);
-	close(rp[1]);
-	r->pid = pid;
-	r->cmd_fd = cp[1];
-	r->res_fd = rp[0];
+	rank_arg a = {.s = s, .engine = engine, .rank = rank, .world = world};
 	r->rank = rank;
+	if (kvt_proc_start(&r->p, rank_entry, &a, NULL, 0) != 0)
+		return -1;
 	kvt_res res;
-	if (kvt_pipe_call(r->cmd_fd, r->res_fd, NULL, 0, &res, sizeof(res), 15000) != 0)
+	if (kvt_proc_call(&r->p, NULL, 0, &res, sizeof(res), 15000) != 0)
 		return -1;
 	return res.code;
 }
 
 int kvt_rank_do(kvt_rank *r, const kvt_cmd *cmd, kvt_res *res)
 {
-	return kvt_pipe_call(r->cmd_fd, r->res_fd, cmd, sizeof(*cmd), res, sizeof(*res), 30000);
+	return kvt_proc_call(&r->p, cmd, sizeof(*cmd), res, sizeof(*res), 30000);
 }
 
-void kvt_rank_kill(kvt_rank *r)
-{
-	if (r->pid <= 0)
-		return;
-	kill(r->pid, SIGKILL);
-	waitpid(r->pid, NULL, 0);
-	close(r->cmd_fd);
-	close(r->res_fd);
-	r->pid = 0;
-}
+void kvt_rank_kill(kvt_rank *r) { kvt_proc_kill(&r->p); }
 
 void kvt_rank_stop(kvt_rank *r)
 {
-	if (r->pid <= 0)
-		return;
 	kvt_cmd c = {.op = KVT_EXIT};
-	if (write(r->cmd_fd, &c, sizeof(c)) == sizeof(c)) {
-		for (int i = 0; i < 500; i++) {
-			if (waitpid(r->pid, NULL, WNOHANG) == r->pid) {
-				r->pid = 0;
-				break;
-			}
-			usleep(10000);
-		}
-	}
-	if (r->pid > 0)
-		kvt_rank_kill(r);
-	else {
-		close(r->cmd_fd);
-		close(r->res_fd);
-	}
+	kvt_proc_stop(&r->p, &c, sizeof(c));
 }

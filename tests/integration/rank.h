@@ -1,7 +1,9 @@
 /* Simulated TP rank processes for integration tests. Each rank is a real
- * forked process with its own libkvside client and its own memfd KV region
- * (2 groups, 8 layers, padded strides, random bytes); the test drives it over
- * a pipe with small commands and gets a result back. */
+ * forked process (kvt_proc, harness.h) with its own libkvside client and its
+ * own memfd KV region (2 groups, 8 layers, padded strides, random bytes); the
+ * test drives it over a pipe with small commands and gets a result back.
+ * hybrid_rank.h is the same for hybrid layouts, with the region on the test's
+ * side. */
 #ifndef KVT_RANK_H
 #define KVT_RANK_H
 
@@ -48,8 +50,7 @@ typedef struct kvt_res {
 } kvt_res;
 
 typedef struct kvt_rank {
-	pid_t pid;
-	int cmd_fd, res_fd;
+	kvt_proc p;
 	uint32_t rank;
 } kvt_rank;
 

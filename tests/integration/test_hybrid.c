@@ -50,7 +50,7 @@ static void world_up(world *w)
 	ck_assert_int_eq(kvt_server_start(&w->s), 0);
 	for (uint32_t i = 0; i < W; i++)
 		ck_assert_int_eq(hr_rank_start(&w->r[i], &w->s, "H", NS, HR_HYBRID, i, W, 100 + i), 0);
-	w->sched = hr_client(&w->s, "H", NS, KVS_ROLE_SCHEDULER, 0, W);
+	w->sched = kvt_client_ns(&w->s, "H", NS, KVS_ROLE_SCHEDULER, 0, W);
 	ck_assert_ptr_nonnull(w->sched);
 	ck_assert_uint_eq(kvt_stat(w->sched, "registrations"), W);
 }
@@ -534,7 +534,7 @@ START_TEST(lazy_refused_with_recurrent_allowed_without)
 	ck_assert_uint_eq(lookup(&w, 0, 0, 2), 2);
 
 	/* a second engine, attention-only (its own namespace, world 2): lazy ok */
-	kvs_client *sa = hr_client(&w.s, "A", "attn-model", KVS_ROLE_SCHEDULER, 0, 2);
+	kvs_client *sa = kvt_client_ns(&w.s, "A", "attn-model", KVS_ROLE_SCHEDULER, 0, 2);
 	ck_assert_ptr_nonnull(sa);
 	hr_rank a[2];
 	for (uint32_t i = 0; i < 2; i++)

@@ -1,4 +1,4 @@
-/* Unit tests for the `admin` op of the protocol codec (common/kvs_proto.c),
+/* Unit tests for the `admin` op of the protocol codec (common/kvs_proto_*.c),
  * in the style of test_proto.c: round trips of every command and reply
  * shape, optional fields left out at their default, and rejections with the
  * exact code and a message naming the field. */

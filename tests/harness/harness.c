@@ -1,9 +1,8 @@
-/* Integration-test harness; see harness.h. */
+/* The server and client half of the test harness; see harness.h. */
 #include "harness.h"
 
 #include <errno.h>
 #include <dirent.h>
-#include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -20,24 +19,43 @@ uint64_t kvt_now_ms(void)
 	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
-void kvt_server_init(kvt_server *s, ...)
+static int server_init(kvt_server *s, const char *parent)
 {
 	memset(s, 0, sizeof(*s));
-	snprintf(s->dir, sizeof(s->dir), "/tmp/kvt-XXXXXX");
+	snprintf(s->dir, sizeof(s->dir), "%s/kvt-XXXXXX", parent);
 	if (!mkdtemp(s->dir))
-		abort();
+		return -1;
 	snprintf(s->run, sizeof(s->run), "%s/run", s->dir);
+	s->log_level = "warn";
+	s->ns = "test-model";
+	s->timeout_ms = 3000;
+	return 0;
+}
+
+void kvt_server_init(kvt_server *s, ...)
+{
+	if (server_init(s, "/tmp") != 0)
+		abort();
 	va_list ap;
 	va_start(ap, s);
 	const char *a;
-	while ((a = va_arg(ap, const char *)) != NULL && s->n_extra < 16)
+	while ((a = va_arg(ap, const char *)) != NULL && s->n_extra < KVT_MAX_EXTRA)
 		snprintf(s->extra[s->n_extra++], sizeof(s->extra[0]), "%s", a);
 	va_end(ap);
 }
 
-int kvt_server_start(kvt_server *s)
+int kvt_server_init_in(kvt_server *s, const char *parent, char *const *extra)
 {
-	const char *exe = getenv("KVS_SERVER");
+	if (server_init(s, parent) != 0)
+		return -1;
+	for (int i = 0; extra && extra[i] && s->n_extra < KVT_MAX_EXTRA; i++)
+		snprintf(s->extra[s->n_extra++], sizeof(s->extra[0]), "%s", extra[i]);
+	return 0;
+}
+
+int kvt_server_spawn(kvt_server *s)
+{
+	const char *exe = s->exe ? s->exe : getenv("KVS_SERVER");
 	if (!exe) {
 		fprintf(stderr, "KVS_SERVER not set\n");
 		return -1;
@@ -61,15 +79,22 @@ int kvt_server_start(kvt_server *s)
 		argv[n++] = "127.0.0.1:0";
 		for (int i = 0; i < s->n_extra; i++)
 			argv[n++] = s->extra[i];
-		if (!getenv("KVT_VERBOSE")) {
+		if (!getenv("KVT_VERBOSE") && s->log_level) {
 			argv[n++] = "--log-level";
-			argv[n++] = "warn";
+			argv[n++] = (char *)s->log_level;
 		}
 		argv[n] = NULL;
 		execvp(argv[0], argv);
 		_exit(127);
 	}
 	s->pid = pid;
+	return 0;
+}
+
+int kvt_server_start(kvt_server *s)
+{
+	if (kvt_server_spawn(s) != 0)
+		return -1;
 	uint64_t deadline = kvt_now_ms() + (getenv("KVT_SERVER_WRAPPER") ? 30000 : 5000);
 	while (kvt_now_ms() < deadline) {
 		char path[400];
@@ -82,7 +107,7 @@ int kvt_server_start(kvt_server *s)
 			}
 		}
 		int st;
-		if (waitpid(pid, &st, WNOHANG) == pid) {
+		if (waitpid(s->pid, &st, WNOHANG) == s->pid) {
 			s->pid = 0;
 			return -1;
 		}
@@ -143,11 +168,11 @@ int kvt_fd_count(pid_t pid)
 	return n;
 }
 
-kvs_client *kvt_client(kvt_server *s, const char *engine, int role, uint32_t rank, uint32_t world,
+kvs_client *kvt_client(const kvt_server *s, const char *engine, int role, uint32_t rank, uint32_t world,
 		       kvs_event_fn ev, void *arg)
 {
-	kvs_client_config cfg = {.broker_dir = s->run, .engine = engine, .ns = "test-model",
-				 .role = role, .rank = rank, .world = world, .timeout_ms = 3000,
+	kvs_client_config cfg = {.broker_dir = s->run, .engine = engine, .ns = s->ns, .role = role,
+				 .rank = rank, .world = world, .timeout_ms = s->timeout_ms,
 				 .on_event = ev, .event_arg = arg};
 	kvs_client *c = NULL;
 	if (kvs_client_open(&cfg, &c) != 0)
@@ -155,22 +180,24 @@ kvs_client *kvt_client(kvt_server *s, const char *engine, int role, uint32_t ran
 	return c;
 }
 
-uint64_t kvt_stat(kvs_client *c, const char *name)
+kvs_client *kvt_client_ns(const kvt_server *s, const char *engine, const char *ns, int role, uint32_t rank,
+			  uint32_t world)
+{
+	kvs_client_config cfg = {.broker_dir = s->run, .engine = engine, .ns = ns, .role = role,
+				 .rank = rank, .world = world, .timeout_ms = s->timeout_ms};
+	kvs_client *c = NULL;
+	if (kvs_client_open(&cfg, &c) != 0)
+		return NULL;
+	return c;
+}
+
+uint64_t kvt_stat_ms(kvs_client *c, const char *name, int timeout_ms)
 {
 	kvs_stat_out st[256];
 	uint32_t n = 0;
-	if (kvs_stats(c, 3000, st, 256, &n) != 0)
+	if (kvs_stats(c, timeout_ms, st, 256, &n) != 0)
 		return UINT64_MAX;
 	return kvs_stat_find(st, n, name);
 }
 
-int kvt_pipe_call(int cmd_fd, int res_fd, const void *cmd, size_t cmd_len, void *res, size_t res_len,
-		  int timeout_ms)
-{
-	if (cmd && write(cmd_fd, cmd, cmd_len) != (ssize_t)cmd_len)
-		return -1;
-	struct pollfd p = {.fd = res_fd, .events = POLLIN};
-	if (poll(&p, 1, timeout_ms) != 1 || read(res_fd, res, res_len) != (ssize_t)res_len)
-		return -1;
-	return 0;
-}
+uint64_t kvt_stat(kvs_client *c, const char *name) { return kvt_stat_ms(c, name, 3000); }
