@@ -138,8 +138,11 @@ typedef void (*kvs_done_fn)(const kvs_result *res, void *arg);
 
 /* ---- registrations ------------------------------------------------------ */
 
+#define KVS_IPC_HANDLE_LEN 64 /**< bytes in a legacy CUDA IPC handle (CUipcMemHandle) */
+
 typedef struct kvs_alloc {
-	int fd;              /**< memfd (host) or POSIX-fd cuMem handle; duplicated */
+	int fd;              /**< memfd (host) or POSIX-fd cuMem handle; duplicated.
+	                          -1 for CUDA memory sent by ipc_handle instead */
 	uint64_t size;       /**< bytes */
 	uint8_t alloc_id[16];/**< stable id of the allocation (0 = random) */
 	bool follows;        /**< mapped right after the previous allocation: the
@@ -147,6 +150,11 @@ typedef struct kvs_alloc {
 	                          cuMem allocations, e.g. PyTorch's expandable
 	                          segments); layers name the range's first entry
 	                          and their offsets may run across the pieces */
+	/** CUDA memory without a VMM handle (cudaMalloc), fd -1: the legacy CUDA
+	 *  IPC handle (CUipcMemHandle, as kvs_cuda_export fills it), which
+	 *  kvs_register sends in the message instead of an fd. Ignored for host
+	 *  memory and when fd >= 0. */
+	uint8_t ipc_handle[KVS_IPC_HANDLE_LEN];
 } kvs_alloc;
 
 typedef struct kvs_group {
@@ -214,8 +222,9 @@ void kvs_cuda_free(void *ptr, size_t size, int device, void *stream);
  * caller closes after kvs_register, size, alloc_id: stable for this
  * allocation within this process) and *ret_base (the allocation's start, to
  * compute layer offsets). Memory without a VMM handle (cudaMalloc) is
- * exported as a legacy CUDA IPC handle instead: then ret_alloc->fd is -1 and
- * kvs_register sends the handle in the message (no broker fd).
+ * exported as a legacy CUDA IPC handle instead: then ret_alloc->fd is -1,
+ * ret_alloc->ipc_handle holds the handle and kvs_register sends it in the
+ * message (no broker fd). For cuMem memory ipc_handle is zeroed.
  * @return 0, -ENODEV (no CUDA), or KVS_E_DEVICE. */
 int kvs_cuda_export(const void *dptr, kvs_alloc *ret_alloc, uint64_t *ret_base);
 

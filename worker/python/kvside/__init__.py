@@ -88,7 +88,7 @@ class _StatOut(ctypes.Structure):
 
 class _Alloc(ctypes.Structure):
     _fields_ = [("fd", ctypes.c_int), ("size", ctypes.c_uint64), ("alloc_id", ctypes.c_uint8 * 16),
-                ("follows", ctypes.c_bool)]
+                ("follows", ctypes.c_bool), ("ipc_handle", ctypes.c_uint8 * 64)]
 
 
 class _Group(ctypes.Structure):
