@@ -1090,3 +1090,5 @@ long kvs_keys_for_tokens(const char *ns, const uint32_t *tokens, size_t n_tokens
 }
 
 const char *kvs_state_name(int state) { return kvs_job_state_name(state); }
+
+unsigned kvs_abi_version(void) { return KVS_ABI_VERSION; }
