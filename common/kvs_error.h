@@ -43,8 +43,10 @@ enum {
 };
 
 /* Human text for any code: 0, a project code, a negative errno (ZeroMQ's
- * own errno values included), or an LMDB error code. Returns a static
- * string; never NULL. (CUDA results: kvs_cuda_strerror in kvs_cuda.h.) */
+ * own errno values included), or, in the server, an LMDB error code (LMDB
+ * codes arise only there; libkvside does not link LMDB and calls them
+ * "unknown error"). Returns a static string; never NULL. (CUDA results:
+ * kvs_cuda_strerror in kvs_cuda.h.) */
 KVS_EXPORT const char *kvs_strerror(int code);
 
 /* Wire name ("E_BADMSG", ...) of a project code; for a negative errno or any
