@@ -9,7 +9,7 @@
 /* KVS_EXPORT marks libkvside's public API. The library is compiled with
  * -fvisibility=hidden, so libkvside.so exports exactly the functions declared
  * with it in the installed headers (kvside.h and this one) and nothing else
- * (the unit test exports checks `nm -D` against these declarations). In the
+ * (the unit test lib_exports checks `nm -D` against these declarations). In the
  * server, which links the same code statically, it has no effect. */
 #ifndef KVS_EXPORT
 #if defined(__GNUC__) && __GNUC__ >= 4
