@@ -2,7 +2,9 @@
  * strings. */
 #include "kvs_error.h"
 
+#ifdef KVS_ERROR_LMDB
 #include <lmdb.h>
+#endif
 #include <string.h>
 #include <zmq.h>
 
@@ -39,8 +41,10 @@ const char *kvs_strerror(int code)
 		return "success";
 	if (kvs_error_is_project(code))
 		return errtab[code - KVS_E_BASE].text;
+#ifdef KVS_ERROR_LMDB /* the server's build (common/meson.build) */
 	if (code >= MDB_KEYEXIST && code <= MDB_LAST_ERRCODE)
 		return mdb_strerror(code); /* LMDB's own codes pass through unchanged */
+#endif
 	if (code < 0 && -code >= ZMQ_HAUSNUMERO && -code < ZMQ_HAUSNUMERO + 100)
 		return zmq_strerror(-code); /* ZeroMQ-specific errno values */
 	if (code < 0 && code > -4096)

@@ -6,6 +6,19 @@
 
 #include <stddef.h>
 
+/* KVS_EXPORT marks libkvside's public API. The library is compiled with
+ * -fvisibility=hidden, so libkvside.so exports exactly the functions declared
+ * with it in the installed headers (kvside.h and this one) and nothing else
+ * (the unit test lib_exports checks `nm -D` against these declarations). In the
+ * server, which links the same code statically, it has no effect. */
+#ifndef KVS_EXPORT
+#if defined(__GNUC__) && __GNUC__ >= 4
+#define KVS_EXPORT __attribute__((visibility("default")))
+#else
+#define KVS_EXPORT
+#endif
+#endif
+
 enum {
 	KVS_E_BASE = -20000,
 	KVS_E_BADMSG = KVS_E_BASE, /* malformed message or field */
@@ -30,16 +43,18 @@ enum {
 };
 
 /* Human text for any code: 0, a project code, a negative errno (ZeroMQ's
- * own errno values included), or an LMDB error code. Returns a static
- * string; never NULL. (CUDA results: kvs_cuda_strerror in kvs_cuda.h.) */
-const char *kvs_strerror(int code);
+ * own errno values included), or, in the server, an LMDB error code (LMDB
+ * codes arise only there; libkvside does not link LMDB and calls them
+ * "unknown error"). Returns a static string; never NULL. (CUDA results:
+ * kvs_cuda_strerror in kvs_cuda.h.) */
+KVS_EXPORT const char *kvs_strerror(int code);
 
 /* Wire name ("E_BADMSG", ...) of a project code; for a negative errno or any
  * other value, "E_INTERNAL". Never NULL. */
-const char *kvs_error_name(int code);
+KVS_EXPORT const char *kvs_error_name(int code);
 
 /* Project code for a wire name; KVS_E_INTERNAL if the name is unknown. */
-int kvs_error_from_name(const char *name, size_t len);
+KVS_EXPORT int kvs_error_from_name(const char *name, size_t len);
 
 /* True if code is one of the project codes. */
 static inline int kvs_error_is_project(int code)

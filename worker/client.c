@@ -24,8 +24,6 @@
 #include "kvs_time.h"
 #include "kvside.h"
 
-int kvs__cuda_ipc_handle(const uint8_t alloc_id[16], uint8_t out[64]); /* cuda.c */
-
 #define JOB_RING 4096
 #define BROKER_TIMEOUT_MS 2000
 
@@ -50,12 +48,11 @@ typedef struct req {
 
 /* A registration the client keeps so it can restore it after a restart. */
 typedef struct creg {
-	uint8_t (*ipc)[64]; /* per allocation: legacy CUDA IPC handle (fd < 0) */
 	uint64_t handle;    /* stable, returned to the application */
 	uint64_t server_id; /* current id on the server (0 while being restored) */
 	int device_type;
 	uint8_t uuid[16];
-	kvs_alloc *allocs; /* fds are our duplicates */
+	kvs_alloc *allocs; /* fds are our duplicates; fd < 0: legacy CUDA IPC (ipc_handle) */
 	uint32_t n_allocs;
 	kvs_group *groups;
 	uint32_t n_groups;
@@ -235,8 +232,8 @@ static int encode_register(kvs_client *c, creg *g, uint8_t (*tokens)[16], kvs_ms
 		ad[i].size = g->allocs[i].size;
 		ad[i].follows = g->allocs[i].follows;
 		ad[i].ipc_handle = (kvs_bytes){NULL, 0};
-		if (g->allocs[i].fd < 0 && g->ipc)
-			ad[i].ipc_handle = (kvs_bytes){g->ipc[i], 64};
+		if (g->allocs[i].fd < 0 && g->device_type == KVS_DEV_CUDA)
+			ad[i].ipc_handle = (kvs_bytes){g->allocs[i].ipc_handle, KVS_IPC_HANDLE_LEN};
 	}
 	for (uint32_t i = 0; i < g->n_groups; i++)
 		gd[i] = (kvs_group_desc){g->groups[i].id, (uint8_t)g->groups[i].kind,
@@ -698,7 +695,6 @@ static void creg_free(creg *g)
 	for (uint32_t i = 0; i < g->n_allocs; i++)
 		if (g->allocs[i].fd >= 0)
 			close(g->allocs[i].fd);
-	free(g->ipc);
 	free(g->allocs);
 	free(g->groups);
 	free(g->layers);
@@ -781,12 +777,10 @@ int kvs_register(kvs_client *c, const kvs_registration_desc *d, int timeout_ms, 
 	for (uint32_t i = 0; i < d->n_allocs; i++) {
 		g->allocs[i] = d->allocs[i];
 		if (d->allocs[i].fd < 0 && d->device_type == KVS_DEV_CUDA) {
-			/* legacy CUDA IPC: the handle kvs_cuda_export recorded */
-			if (!g->ipc && !(g->ipc = calloc(d->n_allocs, 64))) {
-				g->n_allocs = i;
-				goto err;
-			}
-			if (kvs__cuda_ipc_handle(d->allocs[i].alloc_id, g->ipc[i]) != 0) {
+			/* legacy CUDA IPC: the handle travels in the message (copied
+			 * with the entry above); an entry with neither is refused */
+			static const uint8_t none[KVS_IPC_HANDLE_LEN];
+			if (memcmp(d->allocs[i].ipc_handle, none, sizeof(none)) == 0) {
 				r = -EBADF;
 				g->n_allocs = i;
 				goto err;
@@ -1096,3 +1090,5 @@ long kvs_keys_for_tokens(const char *ns, const uint32_t *tokens, size_t n_tokens
 }
 
 const char *kvs_state_name(int state) { return kvs_job_state_name(state); }
+
+unsigned kvs_abi_version(void) { return KVS_ABI_VERSION; }

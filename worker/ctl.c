@@ -322,7 +322,38 @@ static char *read_file(const char *path)
 	return b;
 }
 
-int main(int argc, char **argv)
+/* The command line, once parsed. */
+typedef struct ctl_opts {
+	const char *broker, *endpoint, *ns, *engine;
+	const char *tokens_arg, *tokens_file;
+	uint64_t world, chunk, wait_ms, timeout;
+	char cfg_broker[600], cfg_listen[600]; /* from --config */
+} ctl_opts;
+
+/* --config FILE: broker-dir and listen from the server's YAML file, unless
+ * --broker-dir / --endpoint came first. */
+static int read_server_config(const char *path, ctl_opts *o)
+{
+	char err[512];
+	kvs_server_config *sc = kvs_config_new();
+	if (!sc || kvs_config_load(sc, path, err, sizeof(err)) < 0) {
+		fprintf(stderr, "kvside-ctl: %s\n", sc ? err : "out of memory");
+		free(sc);
+		return EXIT_USAGE;
+	}
+	kvs_config_format(sc, kvs_config_find("broker-dir"), o->cfg_broker, sizeof(o->cfg_broker));
+	kvs_config_format(sc, kvs_config_find("listen"), o->cfg_listen, sizeof(o->cfg_listen));
+	free(sc);
+	if (o->cfg_broker[0] && !o->broker)
+		o->broker = o->cfg_broker;
+	if (o->cfg_listen[0] && !o->endpoint)
+		o->endpoint = o->cfg_listen;
+	return -1;
+}
+
+/* Fills *o from the options (optind is left at the command).
+ * @return -1 to go on, or the exit status (--help, --version, usage errors). */
+static int parse_options(int argc, char **argv, ctl_opts *o)
 {
 	enum { O_BROKER = 1, O_ENDPOINT, O_CONFIG, O_NS, O_ENGINE, O_WORLD, O_CHUNK, O_WAIT, O_TIMEOUT,
 	       O_JSON, O_TOKENS, O_TOKFILE, O_HELP, O_VERSION };
@@ -343,58 +374,113 @@ int main(int argc, char **argv)
 		{"version", no_argument, NULL, O_VERSION},
 		{NULL, 0, NULL, 0},
 	};
-	const char *broker = NULL, *endpoint = NULL, *ns = "kvside-ctl", *engine = "kvside-ctl";
-	const char *tokens_arg = NULL, *tokens_file = NULL;
-	static char cfg_broker[600], cfg_listen[600]; /* from --config */
-	uint64_t world = 1, chunk = 256, wait_ms = 30000, timeout = 5000;
-	int c;
-	char err[512];
+	int c, r;
 	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
 		switch (c) {
-		case O_BROKER: broker = optarg; break;
-		case O_ENDPOINT: endpoint = optarg; break;
-		case O_CONFIG: {
-			kvs_server_config *sc = kvs_config_new();
-			if (!sc || kvs_config_load(sc, optarg, err, sizeof(err)) < 0) {
-				fprintf(stderr, "kvside-ctl: %s\n", sc ? err : "out of memory");
-				free(sc);
-				return EXIT_USAGE;
-			}
-			kvs_config_format(sc, kvs_config_find("broker-dir"), cfg_broker, sizeof(cfg_broker));
-			kvs_config_format(sc, kvs_config_find("listen"), cfg_listen, sizeof(cfg_listen));
-			free(sc);
-			if (cfg_broker[0] && !broker)
-				broker = cfg_broker;
-			if (cfg_listen[0] && !endpoint)
-				endpoint = cfg_listen;
+		case O_BROKER: o->broker = optarg; break;
+		case O_ENDPOINT: o->endpoint = optarg; break;
+		case O_CONFIG:
+			if ((r = read_server_config(optarg, o)) >= 0)
+				return r;
 			break;
-		}
-		case O_NS: ns = optarg; break;
-		case O_ENGINE: engine = optarg; break;
+		case O_NS: o->ns = optarg; break;
+		case O_ENGINE: o->engine = optarg; break;
 		case O_WORLD:
-			if (!parse_u64(optarg, &world) || world == 0 || world > 65536)
+			if (!parse_u64(optarg, &o->world) || o->world == 0 || o->world > 65536)
 				return fail_usage("--world: '%s' is not 1 .. 65536", optarg);
 			break;
 		case O_CHUNK:
-			if (!parse_u64(optarg, &chunk) || chunk == 0 || chunk > (1u << 20))
+			if (!parse_u64(optarg, &o->chunk) || o->chunk == 0 || o->chunk > (1u << 20))
 				return fail_usage("--chunk-tokens: '%s' is not a positive count", optarg);
 			break;
 		case O_WAIT:
-			if (!parse_u64(optarg, &wait_ms) || wait_ms > 3600000)
+			if (!parse_u64(optarg, &o->wait_ms) || o->wait_ms > 3600000)
 				return fail_usage("--wait: '%s' is not 0 .. 3600000 ms", optarg);
 			break;
 		case O_TIMEOUT:
-			if (!parse_u64(optarg, &timeout) || timeout == 0 || timeout > 3600000)
+			if (!parse_u64(optarg, &o->timeout) || o->timeout == 0 || o->timeout > 3600000)
 				return fail_usage("--timeout: '%s' is not 1 .. 3600000 ms", optarg);
 			break;
 		case O_JSON: json = true; break;
-		case O_TOKENS: tokens_arg = optarg; break;
-		case O_TOKFILE: tokens_file = optarg; break;
+		case O_TOKENS: o->tokens_arg = optarg; break;
+		case O_TOKFILE: o->tokens_file = optarg; break;
 		case O_HELP: usage(stdout); return EXIT_OK;
 		case O_VERSION: printf("kvside-ctl %s (protocol v%d)\n", KVS_VERSION, KVS_PROTO_VERSION); return EXIT_OK;
 		default: usage(stderr); return EXIT_USAGE;
 		}
 	}
+	return -1;
+}
+
+/* The keys of `lookup`: the chunk keys of --tokens / --tokens-file, or the
+ * hex keys given as arguments. Computed before connecting: a usage error
+ * never waits for the server.
+ * @return -1 and *ret_keys (the caller frees) / *ret_n set, or the exit status. */
+static int lookup_keys(const ctl_opts *o, char **rest, int n_rest, uint8_t **ret_keys, uint32_t *ret_n)
+{
+	uint8_t *keys;
+	if (!o->tokens_arg && !o->tokens_file) {
+		if (n_rest == 0)
+			return fail_usage("%s", "lookup needs keys (hex) or --tokens");
+		if (n_rest > KVS_MAX_KEYS)
+			return fail_usage("%s", "too many keys");
+		keys = malloc((size_t)n_rest * KVS_KEY_LEN);
+		if (!keys)
+			return EXIT_SERVER;
+		for (int i = 0; i < n_rest; i++)
+			if (!parse_hex_key(rest[i], keys + (size_t)i * KVS_KEY_LEN)) {
+				free(keys);
+				return fail_usage("'%s' is not a 64-digit hex key", rest[i]);
+			}
+		*ret_keys = keys;
+		*ret_n = (uint32_t)n_rest;
+		return -1;
+	}
+	uint32_t *toks = NULL;
+	size_t nt = 0, capt = 0;
+	if (o->tokens_arg && parse_tokens(o->tokens_arg, &toks, &nt, &capt) < 0) {
+		free(toks);
+		return fail_usage("--tokens: cannot read '%s'", o->tokens_arg);
+	}
+	if (o->tokens_file) {
+		char *text = read_file(o->tokens_file);
+		int bad = !text || parse_tokens(text, &toks, &nt, &capt) < 0;
+		free(text);
+		if (bad) {
+			free(toks);
+			return fail_usage("--tokens-file: cannot read '%s'", o->tokens_file);
+		}
+	}
+	if (n_rest) {
+		free(toks);
+		return fail_usage("%s", "give keys or tokens, not both");
+	}
+	size_t max = nt / o->chunk;
+	if (max == 0) {
+		free(toks);
+		return fail_usage("%s", "fewer tokens than one chunk (--chunk-tokens)");
+	}
+	if (max > KVS_MAX_KEYS)
+		max = KVS_MAX_KEYS;
+	keys = malloc(max * KVS_KEY_LEN);
+	long k = keys ? kvs_keys_for_tokens(o->ns, toks, nt, (uint32_t)o->chunk, keys, max) : -ENOMEM;
+	free(toks);
+	if (k < 0) {
+		free(keys);
+		return fail_usage("%s", "cannot compute chunk keys");
+	}
+	*ret_keys = keys;
+	*ret_n = (uint32_t)k;
+	return -1;
+}
+
+int main(int argc, char **argv)
+{
+	ctl_opts o = {.ns = "kvside-ctl", .engine = "kvside-ctl", .world = 1, .chunk = 256, .wait_ms = 30000,
+		      .timeout = 5000};
+	int rc = parse_options(argc, argv, &o);
+	if (rc >= 0)
+		return rc;
 	if (optind >= argc)
 		return fail_usage("%s", "no command given");
 	const char *cmd = argv[optind++];
@@ -406,69 +492,17 @@ int main(int argc, char **argv)
 		return fail_usage("unknown command '%s'", cmd);
 	if (!is_lookup && !is_jobs && n_rest)
 		return fail_usage("unexpected argument '%s'", rest[0]);
-	if ((tokens_arg || tokens_file) && !is_lookup)
+	if ((o.tokens_arg || o.tokens_file) && !is_lookup)
 		return fail_usage("%s", "--tokens and --tokens-file are for lookup");
-
-	/* lookup keys are computed before connecting: a usage error never waits */
 	uint8_t *keys = NULL;
 	uint32_t n_keys = 0;
-	if (is_lookup) {
-		uint32_t *toks = NULL;
-		size_t nt = 0, capt = 0;
-		if (tokens_arg && parse_tokens(tokens_arg, &toks, &nt, &capt) < 0) {
-			free(toks);
-			return fail_usage("--tokens: cannot read '%s'", tokens_arg);
-		}
-		if (tokens_file) {
-			char *text = read_file(tokens_file);
-			int bad = !text || parse_tokens(text, &toks, &nt, &capt) < 0;
-			free(text);
-			if (bad) {
-				free(toks);
-				return fail_usage("--tokens-file: cannot read '%s'", tokens_file);
-			}
-		}
-		if ((tokens_arg || tokens_file) && n_rest) {
-			free(toks);
-			return fail_usage("%s", "give keys or tokens, not both");
-		}
-		if (tokens_arg || tokens_file) {
-			size_t max = nt / chunk;
-			if (max == 0) {
-				free(toks);
-				return fail_usage("%s", "fewer tokens than one chunk (--chunk-tokens)");
-			}
-			if (max > KVS_MAX_KEYS)
-				max = KVS_MAX_KEYS;
-			keys = malloc(max * KVS_KEY_LEN);
-			long k = keys ? kvs_keys_for_tokens(ns, toks, nt, (uint32_t)chunk, keys, max) : -ENOMEM;
-			free(toks);
-			if (k < 0) {
-				free(keys);
-				return fail_usage("%s", "cannot compute chunk keys");
-			}
-			n_keys = (uint32_t)k;
-		} else {
-			if (n_rest == 0)
-				return fail_usage("%s", "lookup needs keys (hex) or --tokens");
-			if (n_rest > KVS_MAX_KEYS)
-				return fail_usage("%s", "too many keys");
-			keys = malloc((size_t)n_rest * KVS_KEY_LEN);
-			if (!keys)
-				return EXIT_SERVER;
-			for (int i = 0; i < n_rest; i++)
-				if (!parse_hex_key(rest[i], keys + (size_t)i * KVS_KEY_LEN)) {
-					free(keys);
-					return fail_usage("'%s' is not a 64-digit hex key", rest[i]);
-				}
-			n_keys = (uint32_t)n_rest;
-		}
-	}
+	if (is_lookup && (rc = lookup_keys(&o, rest, n_rest, &keys, &n_keys)) >= 0)
+		return rc;
 
 	kvs_log_set_level(KVS_LOG_ERROR);
-	kvs_client_config cfg = {.endpoint = endpoint, .broker_dir = broker, .engine = engine, .ns = ns,
-				 .role = KVS_ROLE_SCHEDULER, .rank = 0, .world = (uint32_t)world,
-				 .timeout_ms = (int)timeout};
+	kvs_client_config cfg = {.endpoint = o.endpoint, .broker_dir = o.broker, .engine = o.engine, .ns = o.ns,
+				 .role = KVS_ROLE_SCHEDULER, .rank = 0, .world = (uint32_t)o.world,
+				 .timeout_ms = (int)o.timeout};
 	kvs_client *cl = NULL;
 	int r = kvs_client_open(&cfg, &cl);
 	if (r) {
@@ -477,18 +511,18 @@ int main(int argc, char **argv)
 			printf("{\"ok\":false,\"code\":\"%s\",\"error\":\"server unreachable\"}\n",
 			       kvs_error_name(r));
 		fprintf(stderr, "kvside-ctl: cannot reach kvside-server at %s: %s\n",
-			endpoint ? endpoint : (broker ? broker : "its default run directory"), kvs_strerror(r));
+			o.endpoint ? o.endpoint : (o.broker ? o.broker : "its default run directory"),
+			kvs_strerror(r));
 		return r == KVS_E_TIMEOUT || r == -EINVAL ? EXIT_UNREACHABLE : EXIT_SERVER;
 	}
-	int rc;
 	if (is_lookup)
-		rc = cmd_lookup(cl, keys, n_keys, (int)timeout);
+		rc = cmd_lookup(cl, keys, n_keys, (int)o.timeout);
 	else if (is_jobs)
-		rc = cmd_jobs(cl, rest, n_rest, (int)timeout);
+		rc = cmd_jobs(cl, rest, n_rest, (int)o.timeout);
 	else if (admin >= 0)
-		rc = cmd_admin(cl, admin, (uint32_t)wait_ms, (int)timeout);
+		rc = cmd_admin(cl, admin, (uint32_t)o.wait_ms, (int)o.timeout);
 	else
-		rc = cmd_stats(cl, (int)timeout);
+		rc = cmd_stats(cl, (int)o.timeout);
 	free(keys);
 	kvs_client_close(cl);
 	return rc;

@@ -13,6 +13,8 @@
 #if KVS_HAVE_CUDA
 #include "kvs_cuda.h"
 
+_Static_assert(sizeof(CUipcMemHandle) == KVS_IPC_HANDLE_LEN, "kvs_alloc.ipc_handle holds a CUipcMemHandle");
+
 /* Allocations made here (for free) and alloc ids handed out by export
  * (stable per allocation base). Guarded by mu. */
 typedef struct rec {
@@ -20,8 +22,6 @@ typedef struct rec {
 	size_t size;
 	CUmemGenericAllocationHandle h; /* 0 for export-only records */
 	bool ours;
-	bool has_ipc; /* legacy memory: exported as a CUDA IPC handle */
-	uint8_t ipc[64];
 	uint8_t alloc_id[16];
 	struct rec *next;
 } rec;
@@ -148,13 +148,8 @@ int kvs_cuda_export(const void *dptr, kvs_alloc *ret_alloc, uint64_t *ret_base)
 		x->next = recs;
 		recs = x;
 	}
-	if (x) {
+	if (x)
 		memcpy(ret_alloc->alloc_id, x->alloc_id, 16);
-		if (legacy) {
-			memcpy(x->ipc, &ipc, sizeof(ipc));
-			x->has_ipc = true;
-		}
-	}
 	pthread_mutex_unlock(&mu);
 	if (!x) {
 		if (fd >= 0)
@@ -164,22 +159,12 @@ int kvs_cuda_export(const void *dptr, kvs_alloc *ret_alloc, uint64_t *ret_base)
 	ret_alloc->fd = fd;
 	ret_alloc->size = size;
 	ret_alloc->follows = false;
+	if (legacy)
+		memcpy(ret_alloc->ipc_handle, &ipc, sizeof(ipc));
+	else
+		memset(ret_alloc->ipc_handle, 0, sizeof(ret_alloc->ipc_handle));
 	*ret_base = base;
 	return 0;
-}
-
-int kvs__cuda_ipc_handle(const uint8_t alloc_id[16], uint8_t out[64])
-{
-	int rc = -ENOENT;
-	pthread_mutex_lock(&mu);
-	for (rec *x = recs; x; x = x->next)
-		if (x->has_ipc && memcmp(x->alloc_id, alloc_id, 16) == 0) {
-			memcpy(out, x->ipc, 64);
-			rc = 0;
-			break;
-		}
-	pthread_mutex_unlock(&mu);
-	return rc;
 }
 
 int kvs_cuda_device_uuid(int device, uint8_t out[16])
@@ -206,6 +191,5 @@ int kvs_cuda_export(const void *dptr, kvs_alloc *ret_alloc, uint64_t *ret_base)
 	return -ENODEV;
 }
 int kvs_cuda_device_uuid(int device, uint8_t out[16]) { (void)device, (void)out; return -ENODEV; }
-int kvs__cuda_ipc_handle(const uint8_t alloc_id[16], uint8_t out[64]) { (void)alloc_id, (void)out; return -ENOENT; }
 
 #endif

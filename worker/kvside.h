@@ -37,6 +37,15 @@ extern "C" {
 
 #define KVS_KEY_LEN 32 /**< bytes in a chunk key */
 
+/** Version of the binary interface this header describes: the layout of its
+ * structs and the signatures of its functions. It changes whenever either
+ * does (a field added to a struct included), so that a binding mirroring the
+ * structs (the Python one) can refuse a library it does not match. */
+#define KVS_ABI_VERSION 1
+
+/** KVS_ABI_VERSION as libkvside was built with it. */
+KVS_EXPORT unsigned kvs_abi_version(void);
+
 typedef struct kvs_client kvs_client;
 
 /** Event kinds delivered to kvs_client_config::on_event. */
@@ -79,17 +88,17 @@ typedef struct kvs_client_config {
  * @return 0 and *ret set, or #KVS_E_TIMEOUT (no server), a code from the
  * server's reply, -ENOMEM, -EINVAL (missing engine/ns). *ret untouched on
  * failure. */
-int kvs_client_open(const kvs_client_config *cfg, kvs_client **ret);
+KVS_EXPORT int kvs_client_open(const kvs_client_config *cfg, kvs_client **ret);
 
 /** Says bye (waiting at most 1 s), stops the I/O thread, fails requests still
  * pending with -ECANCELED, closes duplicated fds, frees. Accepts NULL. Must
  * not be called from a callback. */
-void kvs_client_close(kvs_client *c);
+KVS_EXPORT void kvs_client_close(kvs_client *c);
 
 /** Current session id (changes after a reconnect). */
-uint64_t kvs_client_session(kvs_client *c);
+KVS_EXPORT uint64_t kvs_client_session(kvs_client *c);
 /** Number of reconnects (server restarts or expiries survived). */
-uint64_t kvs_client_reconnects(kvs_client *c);
+KVS_EXPORT uint64_t kvs_client_reconnects(kvs_client *c);
 
 /* ---- results ------------------------------------------------------------ */
 
@@ -138,8 +147,11 @@ typedef void (*kvs_done_fn)(const kvs_result *res, void *arg);
 
 /* ---- registrations ------------------------------------------------------ */
 
+#define KVS_IPC_HANDLE_LEN 64 /**< bytes in a legacy CUDA IPC handle (CUipcMemHandle) */
+
 typedef struct kvs_alloc {
-	int fd;              /**< memfd (host) or POSIX-fd cuMem handle; duplicated */
+	int fd;              /**< memfd (host) or POSIX-fd cuMem handle; duplicated.
+	                          -1 for CUDA memory sent by ipc_handle instead */
 	uint64_t size;       /**< bytes */
 	uint8_t alloc_id[16];/**< stable id of the allocation (0 = random) */
 	bool follows;        /**< mapped right after the previous allocation: the
@@ -147,6 +159,11 @@ typedef struct kvs_alloc {
 	                          cuMem allocations, e.g. PyTorch's expandable
 	                          segments); layers name the range's first entry
 	                          and their offsets may run across the pieces */
+	/** CUDA memory without a VMM handle (cudaMalloc), fd -1: the legacy CUDA
+	 *  IPC handle (CUipcMemHandle, as kvs_cuda_export fills it), which
+	 *  kvs_register sends in the message instead of an fd. Ignored for host
+	 *  memory and when fd >= 0. */
+	uint8_t ipc_handle[KVS_IPC_HANDLE_LEN];
 } kvs_alloc;
 
 typedef struct kvs_group {
@@ -181,46 +198,47 @@ typedef struct kvs_registration_desc {
 /** Creates a memfd of size bytes mapped shared into this process, for use as
  * a host KV region. *ret_fd and *ret_ptr belong to the caller (close, munmap).
  * @return 0, or -errno. */
-int kvs_memfd_create(const char *name, uint64_t size, int *ret_fd, void **ret_ptr);
+KVS_EXPORT int kvs_memfd_create(const char *name, uint64_t size, int *ret_fd, void **ret_ptr);
 
 /** Registers KV memory with the server: sends every allocation's fd through
  * the broker, then `register`. The library keeps a duplicate of each fd and
  * the layout so that it can re-register after a server restart; *ret_handle
  * stays valid across such restarts. Blocking (timeout_ms, 0 = default).
  * @return 0, or #KVS_E_GEOMETRY, #KVS_E_RANGE, #KVS_E_AUTH, #KVS_E_NOREG ... */
-int kvs_register(kvs_client *c, const kvs_registration_desc *d, int timeout_ms,
-		 uint64_t *ret_handle);
+KVS_EXPORT int kvs_register(kvs_client *c, const kvs_registration_desc *d, int timeout_ms,
+			    uint64_t *ret_handle);
 
 /** Unregisters (the server waits for in-flight copies; #KVS_E_BUSY if they
  * do not drain in time, in which case the registration stays). */
-int kvs_unregister(kvs_client *c, uint64_t handle, int timeout_ms);
+KVS_EXPORT int kvs_unregister(kvs_client *c, uint64_t handle, int timeout_ms);
 
 /* ---- CUDA memory (libkvside built with CUDA headers; driver at run time) -- */
 
 /** True if the CUDA driver and a device are usable in this process. */
-bool kvs_cuda_available(void);
+KVS_EXPORT bool kvs_cuda_available(void);
 
 /** Allocates size bytes of shareable cuMem memory (POSIX-fd handle type) on
  * device, mapped read-write for it; rounds up to the allocation granularity.
  * The signature matches torch.cuda.memory.CUDAPluggableAllocator's. Returns
  * NULL on failure (no driver, no memory). Makes device's primary context
  * current on the calling thread. */
-void *kvs_cuda_alloc(size_t size, int device, void *stream);
+KVS_EXPORT void *kvs_cuda_alloc(size_t size, int device, void *stream);
 /** Frees memory from kvs_cuda_alloc (unmap, free the range, release). */
-void kvs_cuda_free(void *ptr, size_t size, int device, void *stream);
+KVS_EXPORT void kvs_cuda_free(void *ptr, size_t size, int device, void *stream);
 
 /** Finds the cuMem allocation behind a device pointer and exports it as a
  * POSIX fd for kvs_register(): fills *ret_alloc (fd: a new descriptor the
  * caller closes after kvs_register, size, alloc_id: stable for this
  * allocation within this process) and *ret_base (the allocation's start, to
  * compute layer offsets). Memory without a VMM handle (cudaMalloc) is
- * exported as a legacy CUDA IPC handle instead: then ret_alloc->fd is -1 and
- * kvs_register sends the handle in the message (no broker fd).
+ * exported as a legacy CUDA IPC handle instead: then ret_alloc->fd is -1,
+ * ret_alloc->ipc_handle holds the handle and kvs_register sends it in the
+ * message (no broker fd). For cuMem memory ipc_handle is zeroed.
  * @return 0, -ENODEV (no CUDA), or KVS_E_DEVICE. */
-int kvs_cuda_export(const void *dptr, kvs_alloc *ret_alloc, uint64_t *ret_base);
+KVS_EXPORT int kvs_cuda_export(const void *dptr, kvs_alloc *ret_alloc, uint64_t *ret_base);
 
 /** The 16-byte UUID of a CUDA device (for kvs_registration_desc.device_uuid). */
-int kvs_cuda_device_uuid(int device, uint8_t out[16]);
+KVS_EXPORT int kvs_cuda_device_uuid(int device, uint8_t out[16]);
 
 /* ---- jobs --------------------------------------------------------------- */
 
@@ -248,35 +266,35 @@ typedef struct kvs_store_opts {
  * queue its store/retrieve and then its complete without waiting for the
  * first reply, and wait for the job with kvs_job_wait (one round trip less
  * per job; protocol.md §6.9). */
-int kvs_store_async(kvs_client *c, uint64_t job, const uint8_t *keys, uint32_t n_keys,
-		    const kvs_blocks *blocks, const kvs_store_opts *opts, int timeout_ms,
-		    kvs_done_fn done, void *arg);
-int kvs_retrieve_async(kvs_client *c, uint64_t job, const uint8_t *keys, uint32_t n_keys,
-		       const kvs_blocks *blocks, uint64_t skip_tokens, int timeout_ms,
-		       kvs_done_fn done, void *arg);
-int kvs_complete_async(kvs_client *c, uint64_t job, bool ok, int timeout_ms, kvs_done_fn done,
-		       void *arg);
-int kvs_lookup_async(kvs_client *c, const uint8_t *keys, uint32_t n_keys, bool prefetch,
-		     uint32_t pin_ms, int timeout_ms, kvs_done_fn done, void *arg);
+KVS_EXPORT int kvs_store_async(kvs_client *c, uint64_t job, const uint8_t *keys, uint32_t n_keys,
+			       const kvs_blocks *blocks, const kvs_store_opts *opts, int timeout_ms,
+			       kvs_done_fn done, void *arg);
+KVS_EXPORT int kvs_retrieve_async(kvs_client *c, uint64_t job, const uint8_t *keys, uint32_t n_keys,
+				  const kvs_blocks *blocks, uint64_t skip_tokens, int timeout_ms,
+				  kvs_done_fn done, void *arg);
+KVS_EXPORT int kvs_complete_async(kvs_client *c, uint64_t job, bool ok, int timeout_ms, kvs_done_fn done,
+				  void *arg);
+KVS_EXPORT int kvs_lookup_async(kvs_client *c, const uint8_t *keys, uint32_t n_keys, bool prefetch,
+				uint32_t pin_ms, int timeout_ms, kvs_done_fn done, void *arg);
 
 /** Blocking helpers: wait for the reply (timeout_ms, 0 = default).
  * ret_state (may be NULL) gets the job state of the reply. */
-int kvs_store(kvs_client *c, uint64_t job, const uint8_t *keys, uint32_t n_keys,
-	      const kvs_blocks *blocks, const kvs_store_opts *opts, int timeout_ms, int *ret_state);
-int kvs_retrieve(kvs_client *c, uint64_t job, const uint8_t *keys, uint32_t n_keys,
-		 const kvs_blocks *blocks, uint64_t skip_tokens, int timeout_ms, int *ret_state);
-int kvs_complete(kvs_client *c, uint64_t job, bool ok, int timeout_ms, int *ret_state);
+KVS_EXPORT int kvs_store(kvs_client *c, uint64_t job, const uint8_t *keys, uint32_t n_keys,
+			 const kvs_blocks *blocks, const kvs_store_opts *opts, int timeout_ms, int *ret_state);
+KVS_EXPORT int kvs_retrieve(kvs_client *c, uint64_t job, const uint8_t *keys, uint32_t n_keys,
+			    const kvs_blocks *blocks, uint64_t skip_tokens, int timeout_ms, int *ret_state);
+KVS_EXPORT int kvs_complete(kvs_client *c, uint64_t job, bool ok, int timeout_ms, int *ret_state);
 /** ret_tiers (may be NULL) receives up to n_keys tier codes. */
-int kvs_lookup(kvs_client *c, const uint8_t *keys, uint32_t n_keys, bool prefetch,
-	       uint32_t pin_ms, int timeout_ms, uint64_t *ret_hits, uint8_t *ret_tiers);
+KVS_EXPORT int kvs_lookup(kvs_client *c, const uint8_t *keys, uint32_t n_keys, bool prefetch,
+			  uint32_t pin_ms, int timeout_ms, uint64_t *ret_hits, uint8_t *ret_tiers);
 /** Job states for the given ids (n_jobs 0: every open job of the engine).
  * Writes up to cap entries; *ret_n gets the count written. */
-int kvs_job_status(kvs_client *c, const uint64_t *jobs, uint32_t n_jobs, int timeout_ms,
-		   kvs_job_info_out *out, uint32_t cap, uint32_t *ret_n);
+KVS_EXPORT int kvs_job_status(kvs_client *c, const uint64_t *jobs, uint32_t n_jobs, int timeout_ms,
+			      kvs_job_info_out *out, uint32_t cap, uint32_t *ret_n);
 /** Server counters; writes up to cap entries. */
-int kvs_stats(kvs_client *c, int timeout_ms, kvs_stat_out *out, uint32_t cap, uint32_t *ret_n);
+KVS_EXPORT int kvs_stats(kvs_client *c, int timeout_ms, kvs_stat_out *out, uint32_t cap, uint32_t *ret_n);
 /** Looks a counter up by name in a kvs_stats() result; UINT64_MAX if absent. */
-uint64_t kvs_stat_find(const kvs_stat_out *st, uint32_t n, const char *name);
+KVS_EXPORT uint64_t kvs_stat_find(const kvs_stat_out *st, uint32_t n, const char *name);
 
 /** Runs an operator command (enum kvs_admin_cmd) on the server:
  * - #KVS_ADMIN_STATUS: reports draining and jobs_open;
@@ -291,21 +309,21 @@ uint64_t kvs_stat_find(const kvs_stat_out *st, uint32_t n, const char *name);
  * ret->msg on failure.
  * @return 0, #KVS_E_BUSY (clear while jobs are open or L2 writes queued),
  * #KVS_E_TIMEOUT, #KVS_E_SESSION ... */
-int kvs_admin(kvs_client *c, int cmd, uint32_t wait_ms, int timeout_ms, kvs_admin_info *ret);
+KVS_EXPORT int kvs_admin(kvs_client *c, int cmd, uint32_t wait_ms, int timeout_ms, kvs_admin_info *ret);
 
 /** Waits until a job_done for job has been received (the client remembers the
  * last 4096) and returns its state in *ret_state.
  * @return 0, or #KVS_E_TIMEOUT. */
-int kvs_job_wait(kvs_client *c, uint64_t job, int timeout_ms, int *ret_state);
+KVS_EXPORT int kvs_job_wait(kvs_client *c, uint64_t job, int timeout_ms, int *ret_state);
 
 /** Chunk keys: BLAKE2b-256 chained over chunk_tokens-token chunks, seeded by
  * the namespace; writes up to max_keys keys of 32 bytes to out.
  * @return the number of keys, or -EINVAL. */
-long kvs_keys_for_tokens(const char *ns, const uint32_t *tokens, size_t n_tokens,
-			 uint32_t chunk_tokens, uint8_t *out, size_t max_keys);
+KVS_EXPORT long kvs_keys_for_tokens(const char *ns, const uint32_t *tokens, size_t n_tokens,
+				    uint32_t chunk_tokens, uint8_t *out, size_t max_keys);
 
 /** Name of a job state ("open", "committed", "aborted", "unknown"). */
-const char *kvs_state_name(int state);
+KVS_EXPORT const char *kvs_state_name(int state);
 
 #ifdef __cplusplus
 }

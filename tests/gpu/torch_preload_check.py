@@ -9,16 +9,15 @@ import sys
 
 import torch
 
+# the binding's own mirror of kvs_alloc (checked against kvside.h by the
+# unit test ctypes_layout), with the library given on the command line
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "worker", "python"))
+os.environ["KVSIDE_LIB"] = sys.argv[1]
+import kvside  # noqa: E402
 
-class KvsAlloc(ctypes.Structure):
-    _fields_ = [("fd", ctypes.c_int), ("size", ctypes.c_uint64), ("alloc_id", ctypes.c_uint8 * 16),
-                ("follows", ctypes.c_bool)]
-
-
-lib = ctypes.CDLL(sys.argv[1])
-lib.kvs_cuda_export.argtypes = [ctypes.c_void_p, ctypes.POINTER(KvsAlloc), ctypes.POINTER(ctypes.c_uint64)]
+lib = kvside._lib
 t = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
-a = KvsAlloc()
+a = kvside._Alloc()
 base = ctypes.c_uint64()
 rc = lib.kvs_cuda_export(ctypes.c_void_p(t.data_ptr()), ctypes.byref(a), ctypes.byref(base))
 print("torch %s, expandable segments, LD_PRELOAD=%s: kvs_cuda_export rc=%d fd=%d size=%d" %

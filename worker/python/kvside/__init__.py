@@ -34,10 +34,14 @@ from collections import namedtuple
 
 __all__ = [
     "KvsideError", "Client", "HostMemory", "Group", "Layer", "Event", "JobInfo", "Lookup", "Pending",
-    "chunk_keys", "library", "KEY_BYTES", "ERROR_NAMES",
+    "chunk_keys", "library", "KEY_BYTES", "ERROR_NAMES", "ABI_VERSION",
 ]
 
 KEY_BYTES = 32
+# kvside.h's KVS_ABI_VERSION: the struct layouts mirrored below (the unit test
+# ctypes_layout compares them with the header); a library built with another
+# is refused at import
+ABI_VERSION = 1
 
 # kvs_error.h: the project codes, from KVS_E_BASE = -20000 upwards, in order
 ERROR_NAMES = ["E_BADMSG", "E_VERSION", "E_UNKNOWN_OP", "E_LIMIT", "E_SESSION", "E_AUTH",
@@ -88,7 +92,7 @@ class _StatOut(ctypes.Structure):
 
 class _Alloc(ctypes.Structure):
     _fields_ = [("fd", ctypes.c_int), ("size", ctypes.c_uint64), ("alloc_id", ctypes.c_uint8 * 16),
-                ("follows", ctypes.c_bool)]
+                ("follows", ctypes.c_bool), ("ipc_handle", ctypes.c_uint8 * 64)]
 
 
 class _Group(ctypes.Structure):
@@ -161,6 +165,7 @@ def _load():
                           "libkvside.so" % (path, e)) from None
     P, u32, u64, i32 = ctypes.c_void_p, ctypes.c_uint32, ctypes.c_uint64, ctypes.c_int
     sigs = {
+        "kvs_abi_version": (ctypes.c_uint, []),
         "kvs_client_open": (i32, [ctypes.POINTER(_ClientConfig), ctypes.POINTER(P)]),
         "kvs_client_close": (None, [P]),
         "kvs_client_session": (u64, [P]),
@@ -203,6 +208,9 @@ def _load():
             raise ImportError("kvside: %s lacks %s (an older libkvside?)" % (path, name))
         fn.restype = res
         fn.argtypes = args
+    if lib.kvs_abi_version() != ABI_VERSION:
+        raise ImportError("kvside: %s has ABI version %d, this binding mirrors version %d" % (
+            path, lib.kvs_abi_version(), ABI_VERSION))
     return lib, path
 
 
