@@ -7,8 +7,9 @@
  * promotion nobody waits for, failed reads (absent record, corrupt data, a
  * record of another length) calling every waiter with NULL and KVS_E_MISS and
  * leaving nothing reserved, a start refused while a store of the same key is
- * reserved (KVS_E_MISS) or when L1 is full (KVS_E_NOSPACE), and the
- * counters. */
+ * reserved (KVS_E_MISS) or when L1 is full (KVS_E_NOSPACE), a running
+ * promotion of another geometry or length never offered as a source, and
+ * the counters. */
 #include <check.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -570,6 +571,47 @@ START_TEST(start_l1_full)
 }
 END_TEST
 
+/* A promotion running for one layout is no source for another: the object
+ * it fills has the other layout's length (or the same length and another
+ * geometry), so locate reports a miss and start refuses it (KVS_E_MISS, as
+ * for a store in flight) rather than handing out an object whose bytes a
+ * retrieve would scatter with the wrong layout, past its end if longer. */
+START_TEST(running_other_layout)
+{
+	fx f;
+	fx_init(&f, 16 * PAGE, true);
+	kvs_objkey k = mkkey(50);
+	uint8_t *data = mkdata(PAGE, 50);
+	l2_put(&f, &k, GEOM, data, PAGE);
+	int err = 0;
+	kvs_l1_obj *t = kvs_promote_start(f.pr, &k, GEOM, PAGE, &err);
+	ck_assert_ptr_nonnull(t);
+	kvs_l1_obj *o;
+	/* the same layout: found, and the running promotion is shared */
+	ck_assert_int_eq(locate(&f, &k, GEOM, PAGE, &o), 0);
+	ck_assert_ptr_null(o);
+	ck_assert_ptr_eq(kvs_promote_start(f.pr, &k, GEOM, PAGE, &err), t);
+	/* another length, another geometry, or both */
+	static const struct {
+		uint64_t geom, len;
+	} other[] = {{GEOM, 2 * PAGE}, {GEOM, PAGE - 8}, {GEOM + 1, PAGE}, {GEOM + 1, 2 * PAGE}};
+	for (size_t i = 0; i < sizeof(other) / sizeof(other[0]); i++) {
+		ck_assert_int_eq(locate(&f, &k, other[i].geom, other[i].len, &o), KVS_E_MISS);
+		ck_assert_ptr_null(o);
+		err = 0;
+		ck_assert_ptr_null(kvs_promote_start(f.pr, &k, other[i].geom, other[i].len, &err));
+		ck_assert_int_eq(err, KVS_E_MISS);
+	}
+	ck_assert_uint_eq(kvs_promote_pending(f.pr), 1);
+	ck_assert_uint_eq(pst(&f).promotions, 1);
+	ck_assert_int_eq(feed(&f), 0);
+	ck_assert_mem_eq(kvs_l1_data(t), data, PAGE);
+	ck_assert_int_eq(locate(&f, &k, GEOM, 2 * PAGE, &o), KVS_E_MISS); /* in L1 now: same answer */
+	free(data);
+	fx_done(&f);
+}
+END_TEST
+
 static Suite *promote_suite(void)
 {
 	g_parent = getpid();
@@ -590,6 +632,7 @@ static Suite *promote_suite(void)
 	tcase_add_loop_test(tc, failed_read, 0, 3);
 	tcase_add_test(tc, start_while_stored);
 	tcase_add_test(tc, start_l1_full);
+	tcase_add_test(tc, running_other_layout);
 	suite_add_tcase(s, tc);
 	return s;
 }
