@@ -16,6 +16,7 @@ typedef struct waiter {
 typedef struct promo {
 	kvs_objkey key; /* table key */
 	kvs_l1_obj *obj;
+	uint64_t geom;  /* the layout it reads (its length is obj's) */
 	waiter *waiters;
 	uint32_t n_waiters;
 } promo;
@@ -64,8 +65,9 @@ int kvs_promote_locate(kvs_promote *p, const kvs_objkey *key, uint64_t geom, uin
 		}
 		return 0;
 	}
-	if (kvs_htab_get(p->running, key))
-		return 0; /* being promoted right now */
+	const promo *pr = kvs_htab_get(p->running, key);
+	if (pr) /* being promoted right now: usable only with the same layout */
+		return pr->geom == geom && kvs_l1_len(pr->obj) == want_len ? 0 : KVS_E_MISS;
 	uint64_t len = 0;
 	if (p->l2 && kvs_l2_contains(p->l2, key, geom, &len) == 0 && len == want_len)
 		return 0;
@@ -75,8 +77,15 @@ int kvs_promote_locate(kvs_promote *p, const kvs_objkey *key, uint64_t geom, uin
 kvs_l1_obj *kvs_promote_start(kvs_promote *p, const kvs_objkey *key, uint64_t geom, uint64_t len, int *err)
 {
 	promo *pr = kvs_htab_get(p->running, key);
-	if (pr)
+	if (pr) {
+		/* a promotion of another layout fills an object no copy of this
+		 * layout may read: not available, like a store in flight */
+		if (pr->geom != geom || kvs_l1_len(pr->obj) != len) {
+			*err = KVS_E_MISS;
+			return NULL;
+		}
 		return pr->obj;
+	}
 	if (!p->l2) {
 		*err = KVS_E_MISS;
 		return NULL;
@@ -87,6 +96,7 @@ kvs_l1_obj *kvs_promote_start(kvs_promote *p, const kvs_objkey *key, uint64_t ge
 		return NULL;
 	}
 	pr->key = *key;
+	pr->geom = geom;
 	int r = kvs_l1_reserve(p->l1, key, len, &pr->obj);
 	if (r) {
 		free(pr);

@@ -28,14 +28,16 @@ int kvs_promote_create(kvs_l1 *l1, kvs_l2 *l2, kvs_promote **ret);
 void kvs_promote_destroy(kvs_promote *p);
 
 /* Where the object is: 0 with *ret_l1 set (in L1), 0 with *ret_l1 NULL
- * (being promoted, or in L2 with want_len bytes), or KVS_E_MISS (absent, or
- * of another length: another layout is never copied from). */
+ * (being promoted with this geometry and length, or in L2 with want_len
+ * bytes), or KVS_E_MISS (absent, or of another length or geometry: another
+ * layout is never copied from). */
 int kvs_promote_locate(kvs_promote *p, const kvs_objkey *key, uint64_t geom, uint64_t want_len,
 		       kvs_l1_obj **ret_l1);
-/* Starts the promotion of key (or finds the running one) and returns the
- * reserved L1 object the read fills (its data is where copies will read
- * from). NULL with *err: KVS_E_NOSPACE (no room in L1), KVS_E_MISS (a store
- * of the object is in flight), KVS_E_INTERNAL. */
+/* Starts the promotion of key (or finds the running one of the same geometry
+ * and length) and returns the reserved L1 object the read fills (its data is
+ * where copies will read from). NULL with *err: KVS_E_NOSPACE (no room in
+ * L1), KVS_E_MISS (a store of the object is in flight, or a promotion of it
+ * with another geometry or length), KVS_E_INTERNAL. */
 kvs_l1_obj *kvs_promote_start(kvs_promote *p, const kvs_objkey *key, uint64_t geom, uint64_t len, int *err);
 /* Adds a waiter to the running promotion of key. 0, -ENOENT (none running)
  * or -ENOMEM (nothing added). */
