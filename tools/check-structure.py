@@ -5,7 +5,8 @@ Two rules, both failing the run (exit 1):
 
 1. The server's files form no dependency circle. Nodes are server/*.c and
    server/*.h, a .c and its .h merged into one node (server.h, with no .c, is
-   a node of its own). An edge A -> B exists when A.c or A.h #includes B.h, or
+   a node of its own; a module listed in MULTI_FILE_MODULES is one node with
+   all its <module>_<part> files). An edge A -> B exists when A.c or A.h #includes B.h, or
    when A.c (or a static inline function of A.h) calls by name a non-static
    function that B.c defines. Calls through function pointers (x->fn(...),
    a callback passed as an argument, a table of handlers) are not edges: they
@@ -309,8 +310,20 @@ class Source:
 # ---- the server's graph -----------------------------------------------------------
 
 
+# Modules spread over several files for size, sharing a private header: every
+# server file named <module>.c/.h or <module>_<part>.c/.h is one node. The
+# CUDA copy engine is one (copy_cuda.c, copy_cuda_map.c, copy_cuda_wait.c,
+# copy_cuda_impl.h), and so is its stand-in without CUDA headers
+# (copy_cuda_none.c, built instead of the others).
+MULTI_FILE_MODULES = ("copy_cuda",)
+
+
 def node_of(fname):
-    return os.path.splitext(fname)[0]
+    stem = os.path.splitext(fname)[0]
+    for m in MULTI_FILE_MODULES:
+        if stem.startswith(m + "_"):
+            return m
+    return stem
 
 
 def build_graph(root):

@@ -92,6 +92,25 @@ class Checker(unittest.TestCase):
         self.assertEqual(rc, 1, out)
         self.assertIn("cycle: 2 server files depend on each other: a.c, b.c", out)
 
+    def test_multi_file_module_is_one_node(self):
+        # copy_cuda.c, copy_cuda_wait.c and their private header call each
+        # other: one module (MULTI_FILE_MODULES), no circle; a file of
+        # another name doing the same is one
+        parts = {
+            "server/copy_cuda.h": "int copy_submit(int x);\n",
+            "server/copy_cuda_impl.h": '#include "copy_cuda.h"\nint copy_wait(int x);\n',
+            "server/copy_cuda.c": '#include "copy_cuda_impl.h"\nint copy_submit(int x)\n{\n\treturn copy_wait(x);\n}\n',
+            "server/copy_cuda_wait.c": '#include "copy_cuda_impl.h"\nint copy_wait(int x)\n{\n\treturn x ? copy_submit(x - 1) : 0;\n}\n',
+        }
+        rc, out = self.check(parts)
+        self.assertEqual(rc, 0, out)
+        other = dict(parts)
+        other["server/waiter.c"] = other.pop("server/copy_cuda_wait.c")
+        rc, out = self.check(other)
+        self.assertEqual(rc, 1, out)
+        self.assertIn("copy_cuda.c", out)
+        self.assertIn("waiter.c", out)
+
     def test_callbacks_are_not_edges(self):
         # b calls into a only through a function pointer (argument, struct
         # member, table entry); a's prototype in b.c, a comment and a string
