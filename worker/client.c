@@ -259,7 +259,7 @@ static int encode_register(kvs_client *c, creg *g, uint8_t (*tokens)[16], kvs_ms
 static int broker_push(kvs_client *c, creg *g, uint8_t (*tokens)[16])
 {
 	for (uint32_t i = 0; i < g->n_allocs; i++) {
-		kvs_broker_req br;
+		kvs_broker_entry br;
 		randombytes_buf(tokens[i], 16);
 		if (g->allocs[i].fd < 0)
 			continue; /* legacy CUDA IPC: no fd to pass */
