@@ -3,11 +3,8 @@
 
 #include <errno.h>
 #include <stdbool.h>
-#include <poll.h>
-#include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include "kvs_error.h"
@@ -181,47 +178,4 @@ int kvs_fd_recv(int sock, void *buf, size_t cap, size_t *ret_len, int *fds, int 
 	*ret_nfds = ngot;
 	*ret_len = (size_t)n;
 	return 0;
-}
-
-int kvs_broker_send(const char *broker_dir, const kvs_broker_entry *req, int fd, int timeout_ms)
-{
-	struct sockaddr_un sa = {.sun_family = AF_UNIX};
-	if ((size_t)snprintf(sa.sun_path, sizeof(sa.sun_path), "%s/%s", broker_dir,
-			     KVS_BROKER_SOCK_NAME) >= sizeof(sa.sun_path))
-		return -ENAMETOOLONG;
-	int s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-	if (s < 0)
-		return -errno;
-	int r;
-	if (connect(s, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
-		r = -errno;
-		goto out;
-	}
-	uint8_t rec[KVS_BROKER_V1_BYTES];
-	kvs_broker_v1_pack(req, rec);
-	r = kvs_fd_send(s, rec, sizeof(rec), &fd, 1);
-	if (r)
-		goto out;
-	struct pollfd p = {.fd = s, .events = POLLIN};
-	int pr;
-	do
-		pr = poll(&p, 1, timeout_ms);
-	while (pr < 0 && errno == EINTR);
-	if (pr == 0) {
-		r = KVS_E_TIMEOUT;
-		goto out;
-	}
-	uint8_t rep[KVS_BROKER_REP_BYTES];
-	size_t len = 0;
-	int nfds = 0, dummy;
-	r = kvs_fd_recv(s, rep, sizeof(rep), &len, &dummy, 0, &nfds);
-	if (r)
-		goto out;
-	int st;
-	r = kvs_broker_rep_unpack(rep, len, &st);
-	if (!r)
-		r = st;
-out:
-	close(s);
-	return r;
 }

@@ -70,9 +70,4 @@ int kvs_fd_send(int sock, const void *buf, size_t len, const int *fds, int n_fds
 int kvs_fd_recv(int sock, void *buf, size_t cap, size_t *ret_len, int *fds, int max_fds,
 		int *ret_nfds);
 
-/* Client side (blocking; one fd per connection, version 1 records): connects
- * to <broker_dir>/kvside.sock, sends one allocation fd and waits (up to
- * timeout_ms) for the reply. Returns 0 or a kvs error/-errno. */
-int kvs_broker_send(const char *broker_dir, const kvs_broker_entry *req, int fd, int timeout_ms);
-
 #endif
