@@ -92,6 +92,10 @@ int kvs__broker_open(kvs_server *srv)
 	srv->max_parked = KVS_MAX_PARKED;
 	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur / 4 < KVS_MAX_PARKED)
 		srv->max_parked = (uint32_t)(rl.rlim_cur / 4);
+	/* one process may hold at most a share of the table (issue 16 #9) */
+	srv->parked_quota = srv->max_parked / 8;
+	if (srv->parked_quota < 2 * KVS_MAX_ALLOCS)
+		srv->parked_quota = 2 * KVS_MAX_ALLOCS < srv->max_parked ? 2 * KVS_MAX_ALLOCS : srv->max_parked;
 	/* a spare fd, released to accept-and-close a peer when the table is full */
 	srv->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
 	return 0;
@@ -170,7 +174,7 @@ void kvs__broker_accept(kvs_server *srv)
 		}
 		srv->st.broker_accepted++;
 		srv->conns[srv->n_conns++] = (kvs_broker_conn){
-			.fd = fd, .uid = cr.uid, .expires_ms = srv->now_ms + KVS_BROKER_CONN_IDLE_MS};
+			.fd = fd, .uid = cr.uid, .pid = cr.pid, .expires_ms = srv->now_ms + KVS_BROKER_CONN_IDLE_MS};
 	}
 }
 
@@ -199,6 +203,15 @@ static int park_all(kvs_server *srv, const kvs_broker_conn *c, const kvs_broker_
 	}
 	if (kvs_htab_count(srv->parked) + n > srv->max_parked)
 		return KVS_E_LIMIT;
+	/* one process may hold at most a share of the table, so a single client
+	 * cannot block every other registration (issue 16 #9) */
+	uint32_t mine = 0, quota = srv->parked_quota;
+	size_t pos = 0;
+	kvs_parked *q;
+	while ((q = kvs_htab_next(srv->parked, &pos)) != NULL)
+		mine += q->pid == c->pid;
+	if (mine + n > quota)
+		return KVS_E_LIMIT;
 	for (uint32_t i = 0; i < n; i++) {
 		kvs_parked *p = calloc(1, sizeof(*p));
 		if (p) {
@@ -207,6 +220,7 @@ static int park_all(kvs_server *srv, const kvs_broker_conn *c, const kvs_broker_
 			p->size = e[i].size;
 			p->fd = fds[i];
 			p->uid = c->uid;
+			p->pid = c->pid;
 			p->expires_ms = srv->now_ms + srv->cfg.fd_park_ms;
 		}
 		if (!p || kvs_htab_put(srv->parked, p) < 0) {

@@ -14,6 +14,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 
 #include "check_main.h"
 #include "kvs_fdpass.h"
@@ -474,6 +475,7 @@ START_TEST(parked_limit_counts_the_whole_record)
 	fx f;
 	fx_start(&f, 0, 0);
 	f.srv->max_parked = 4;
+	f.srv->parked_quota = 4;
 	kvs_broker_entry e[5];
 	for (int i = 0; i < 5; i++)
 		entry(&e[i], 400 + (uint32_t)i, 1, 4096);
@@ -494,6 +496,88 @@ START_TEST(parked_limit_counts_the_whole_record)
 	len = kvs_broker_rec_pack(&e[4], 1, rec);
 	ck_assert_int_eq(refused(&f, rec, len, 1), KVS_E_LIMIT);
 	ck_assert_uint_eq(parked(&f), 4);
+	fx_stop(&f);
+}
+END_TEST
+
+/* A child process pushes one record of n fds (tokens from first) and exits
+ * with the reply's status (1: closed without one). */
+static pid_t push_from_child(fx *f, uint32_t first, int n)
+{
+	pid_t pid = fork();
+	ck_assert_int_ge(pid, 0);
+	if (pid)
+		return pid;
+	kvs_broker_entry e[8];
+	uint8_t rec[KVS_BROKER_REC_MAX];
+	int fds[8];
+	for (int i = 0; i < n; i++)
+		entry(&e[i], first + (uint32_t)i, 1, 4096);
+	memfds(fds, n);
+	int s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	memcpy(sa.sun_path, f->srv->broker_path, strlen(f->srv->broker_path) + 1);
+	if (s < 0 || connect(s, (struct sockaddr *)&sa, sizeof(sa)) != 0 ||
+	    kvs_fd_send(s, rec, kvs_broker_rec_pack(e, (uint32_t)n, rec), fds, n) != 0)
+		_exit(100);
+	uint8_t rep[KVS_BROKER_REP_BYTES];
+	struct pollfd p = {.fd = s, .events = POLLIN};
+	int st = 1;
+	if (poll(&p, 1, 5000) == 1 && recv(s, rep, sizeof(rep), 0) == (ssize_t)sizeof(rep))
+		kvs_broker_rep_unpack(rep, sizeof(rep), &st);
+	_exit(st == 0 ? 0 : st == KVS_E_LIMIT ? 2 : 3);
+}
+
+/* The parent serves the child's connection, then the child's exit code. */
+static int serve_child(fx *f, pid_t pid)
+{
+	uint64_t t0 = fx_mono_ms();
+	while (f->srv->n_conns == 0 && fx_mono_ms() - t0 < 5000) {
+		kvs__broker_accept(f->srv);
+		usleep(1000);
+	}
+	ck_assert_int_eq(f->srv->n_conns, 1);
+	serve(f, 0);
+	int ws = 0;
+	ck_assert_int_eq(waitpid(pid, &ws, 0), pid);
+	if (f->srv->n_conns) { /* an accepted record leaves the connection open: end it */
+		f->srv->conns[0].expires_ms = 0;
+		kvs__broker_expire(f->srv);
+	}
+	ck_assert_int_eq(f->srv->n_conns, 0);
+	return WIFEXITED(ws) ? WEXITSTATUS(ws) : -1;
+}
+
+/* One process cannot fill the table: its share is parked_quota; another
+ * process still parks (issue 16 #9). */
+START_TEST(per_process_quota)
+{
+	fx f;
+	fx_start(&f, 0, 0);
+	f.srv->max_parked = 16;
+	f.srv->parked_quota = 4;
+	kvs_broker_entry e[5];
+	uint8_t rec[KVS_BROKER_REC_MAX];
+	for (int i = 0; i < 5; i++)
+		entry(&e[i], 700 + (uint32_t)i, 1, 4096);
+	/* this process: 4 fit, a fifth is refused (the table has room) */
+	int s = peer(&f);
+	int fds[4];
+	memfds(fds, 4);
+	ck_assert_int_eq(kvs_fd_send(s, rec, kvs_broker_rec_pack(e, 4, rec), fds, 4), 0);
+	close_all(fds, 4);
+	serve(&f, 0);
+	ck_assert_int_eq(reply(s), 0);
+	close(s);
+	serve(&f, 0);
+	size_t len = kvs_broker_rec_pack(&e[4], 1, rec);
+	ck_assert_int_eq(refused(&f, rec, len, 1), KVS_E_LIMIT);
+	ck_assert_uint_eq(parked(&f), 4);
+	/* another process: its own share */
+	ck_assert_int_eq(serve_child(&f, push_from_child(&f, 800, 3)), 0);
+	ck_assert_uint_eq(parked(&f), 7);
+	ck_assert_int_eq(serve_child(&f, push_from_child(&f, 900, 5)), 2); /* 5 at once: over its own share */
+	ck_assert_uint_eq(parked(&f), 7);
 	fx_stop(&f);
 }
 END_TEST
@@ -581,6 +665,7 @@ static Suite *broker_suite(void)
 	tcase_add_test(tc, partial_and_malformed_records);
 	tcase_add_test(tc, bad_tokens_refuse_the_whole_record);
 	tcase_add_test(tc, parked_limit_counts_the_whole_record);
+	tcase_add_test(tc, per_process_quota);
 #ifndef NO_CALLOC_HOOK
 	tcase_add_test(tc, allocation_failure_parks_nothing);
 #endif
