@@ -97,6 +97,26 @@ static void default_broker_dir(char *out, size_t cap)
 		snprintf(out, cap, "/tmp/kvside-%u", (unsigned)getuid());
 }
 
+/* CURVE keys for a tcp:// server (all three or none). 0 or -EINVAL. */
+static int set_curve(void *dealer, const kvs_client_config *cfg)
+{
+	const char *k[3] = {cfg->curve_server_key, cfg->curve_public_key, cfg->curve_secret_key};
+	if (!k[0] && !k[1] && !k[2])
+		return 0;
+	for (int i = 0; i < 3; i++)
+		if (!k[i] || strlen(k[i]) != 40) {
+			kvs_err("CURVE keys: the server key and this client's public and secret keys, 40 Z85 characters each");
+			return -EINVAL;
+		}
+	if (zmq_setsockopt(dealer, ZMQ_CURVE_SERVERKEY, k[0], 40) != 0 ||
+	    zmq_setsockopt(dealer, ZMQ_CURVE_PUBLICKEY, k[1], 40) != 0 ||
+	    zmq_setsockopt(dealer, ZMQ_CURVE_SECRETKEY, k[2], 40) != 0) {
+		kvs_err("CURVE keys refused by libzmq: %s", zmq_strerror(errno));
+		return -EINVAL;
+	}
+	return 0;
+}
+
 int kvs_client_open(const kvs_client_config *cfg, kvs_client **ret)
 {
 	if (!cfg || !cfg->engine || !cfg->ns || strlen(cfg->engine) > KVS_MAX_STR ||
@@ -154,6 +174,8 @@ int kvs_client_open(const kvs_client_config *cfg, kvs_client **ret)
 	zmq_setsockopt(c->dealer, ZMQ_LINGER, &zero, sizeof(zero));
 	zmq_setsockopt(c->dealer, ZMQ_RECONNECT_IVL, &ivl, sizeof(ivl));
 	zmq_setsockopt(c->dealer, ZMQ_RECONNECT_IVL_MAX, &ivlmax, sizeof(ivlmax));
+	if ((r = set_curve(c->dealer, cfg)) < 0)
+		goto err_sock;
 	if (zmq_connect(c->dealer, c->endpoint) != 0) {
 		r = -EINVAL;
 		kvs_err("cannot connect to %s: %s", c->endpoint, zmq_strerror(errno));
