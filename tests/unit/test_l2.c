@@ -2,14 +2,16 @@
  * trips, overwrite, geometry and header checks, persistence across reopen,
  * watermark eviction in LRU order (touches included), checksum failures from
  * a corrupted data file, the drop-oldest write queue (made deterministic by a
- * second process holding LMDB's write lock), clear, and close draining the
- * queue. Every test works in its own temporary directory. */
+ * second process holding LMDB's write lock), clear, close draining the
+ * queue, and the rate limit of repeated log lines. Every test works in its
+ * own temporary directory. */
 #include <check.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
 #include <lmdb.h>
 #include <poll.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -25,6 +27,7 @@
 #include "check_main.h"
 #include "kvs_error.h"
 #include "kvs_l2.h"
+#include "kvs_log.h"
 
 #define GEOM 0x1234abcd5678ef00ull
 #define HDR 64u /* on-disk header bytes (kvs_l2.c) */
@@ -1270,6 +1273,45 @@ START_TEST(queue_overflow_stress)
 }
 END_TEST
 
+/* ---- rate-limited logging ------------------------------------------------------ */
+
+START_TEST(ratelimit_counts)
+{
+	kvs_ratelimit rl = {.interval_ms = 3600 * 1000};
+	uint64_t held = 77;
+	ck_assert(kvs_ratelimit_pass(&rl, &held));
+	ck_assert_uint_eq(held, 0);
+	for (int i = 0; i < 99; i++)
+		ck_assert(!kvs_ratelimit_pass(&rl, &held));
+	/* the interval is over (made so, not waited for): one line, 99 held */
+	atomic_store(&rl.next_ms, 0);
+	ck_assert(kvs_ratelimit_pass(&rl, &held));
+	ck_assert_uint_eq(held, 99);
+	ck_assert(!kvs_ratelimit_pass(&rl, &held));
+	/* through the log: one line of five, saying how many were held back */
+	char tmpl[] = "/tmp/kvs-test-l2-log-XXXXXX";
+	int fd = mkstemp(tmpl);
+	ck_assert_int_ge(fd, 0);
+	unlink(tmpl);
+	int saved = dup(STDERR_FILENO);
+	ck_assert_int_ge(saved, 0);
+	ck_assert_int_ge(dup2(fd, STDERR_FILENO), 0);
+	kvs_ratelimit r2 = {.interval_ms = 3600 * 1000};
+	for (int i = 0; i < 5; i++)
+		kvs_log_limited(&r2, KVS_LOG_ERROR, "l2", "disk says %d", i);
+	atomic_store(&r2.next_ms, 0);
+	kvs_log_limited(&r2, KVS_LOG_ERROR, "l2", "disk says %d", 5);
+	dup2(saved, STDERR_FILENO);
+	close(saved);
+	char out[2048] = "";
+	ck_assert_int_gt(pread(fd, out, sizeof(out) - 1, 0), 0);
+	close(fd);
+	ck_assert_ptr_nonnull(strstr(out, "disk says 0\n"));
+	ck_assert_ptr_null(strstr(out, "disk says 1"));
+	ck_assert_ptr_nonnull(strstr(out, "disk says 5 (4 similar lines suppressed)\n"));
+}
+END_TEST
+
 /* ---- clear ------------------------------------------------------------------- */
 
 START_TEST(clear_empties)
@@ -1346,6 +1388,7 @@ static Suite *l2_suite(void)
 	tcase_add_test(tc, queue_bytes_bound);
 	tcase_add_test(tc, queue_overflow_stress);
 	tcase_add_test(tc, clear_empties);
+	tcase_add_test(tc, ratelimit_counts);
 	suite_add_tcase(s, tc);
 	return s;
 }
