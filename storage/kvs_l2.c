@@ -1,6 +1,7 @@
 /* L2 tier over LMDB: writer thread with group commit, reader thread with
- * checksum verification, batched LRU stamps, watermark eviction. See
- * kvs_l2.h for the contract. */
+ * checksum verification, batched LRU stamps, watermark eviction; records
+ * bound to their key. See kvs_l2.h for the contract and
+ * docs/architecture.md §6 for the design. */
 #include "kvs_l2.h"
 
 #include <errno.h>
@@ -22,8 +23,11 @@
 #define KVS_LOG_COMPONENT "l2"
 #include "kvs_log.h"
 
-#define HDR_BYTES 64
-#define FORMAT_VERSION 1
+#define HDR_BYTES 96
+/* 2: the header holds the full object key and the checksum is seeded with
+ * the header's hash (1: namespace digest only, data-only checksum). Records
+ * of another version are misses and are deleted when found. */
+#define FORMAT_VERSION 2
 #define MAX_TOUCHES 65536
 #define HIGH_PCT 85
 #define LOW_PCT 70
@@ -41,13 +45,13 @@ typedef struct l2_hdr {
 	char magic[4];     /* "KVL2" */
 	uint16_t version;  /* FORMAT_VERSION */
 	uint16_t flags;
-	uint8_t ns[16];    /* namespace digest, also inside the key */
 	uint64_t geom;     /* geometry fingerprint of the group's layout */
 	uint64_t len;      /* data bytes following the header */
-	uint64_t checksum; /* XXH3-64 of the data */
-	uint8_t pad[16];
+	uint64_t checksum; /* XXH3-64 of the data, seeded with XXH3-64 of this header (checksum 0) */
+	kvs_objkey key;    /* the key the record was written under */
 } l2_hdr;
-_Static_assert(sizeof(l2_hdr) == HDR_BYTES, "header must stay 64 bytes");
+_Static_assert(sizeof(l2_hdr) == HDR_BYTES, "header must stay 96 bytes");
+_Static_assert(offsetof(l2_hdr, key) == 32, "header layout");
 
 typedef struct l2_item {
 	struct l2_item *next;
@@ -68,6 +72,13 @@ typedef struct l2_list {
 	uint64_t n, bytes;
 } l2_list;
 
+/* A record to delete, found unusable by a reader: fp fingerprints the value
+ * as it was found, so that a record rewritten since is not deleted. */
+typedef struct l2_drop {
+	kvs_objkey key;
+	uint64_t fp;
+} l2_drop;
+
 /* Invariants: every queued item is on exactly one of wq, rq, done, or in a
  * thread's hands; bytes (guarded by mu) equals the sum of value sizes in the
  * obj database as of the last commit. */
@@ -83,7 +94,7 @@ struct kvs_l2 {
 	atomic_bool ready_posted; /* ready is on the queue */
 	kvs_objkey *touches; /* pending access stamps */
 	uint32_t n_touches;
-	kvs_objkey *drops; /* objects found corrupt by the reader: delete them */
+	l2_drop *drops; /* records found unusable by readers: delete them */
 	uint32_t n_drops;
 	bool stop;
 	uint8_t *map_base; /* the environment's map (WRITEMAP) and data file */
@@ -94,6 +105,7 @@ struct kvs_l2 {
 	uint64_t psize; /* LMDB page size */
 	kvs_objkey *evicted; /* writer-owned: keys evicted by the transaction in progress */
 	uint32_t n_evicted, cap_evicted;
+	kvs_ratelimit rl_commit, rl_bad;
 	kvs_l2_stats st; /* guarded by mu */
 };
 
@@ -167,6 +179,68 @@ static void complete(kvs_l2 *l2, l2_item *it, int result)
 }
 
 static int lmdb_err(int rc) { return rc > 0 ? -rc : rc; }
+
+/* ---- records ------------------------------------------------------------------ */
+
+/* Fingerprint of a value as found: its size and header bytes. */
+static uint64_t value_fp(const MDB_val *v)
+{
+	return XXH3_64bits(v->mv_data, v->mv_size < HDR_BYTES ? v->mv_size : HDR_BYTES) ^ v->mv_size;
+}
+
+/* The checksum's seed: XXH3-64 of the header with the checksum field 0 and
+ * the key the object is written or read under — so the checksum binds the
+ * data to that key too, beside the header's key field. */
+static uint64_t hdr_seed(const l2_hdr *h, const kvs_objkey *key)
+{
+	l2_hdr z = *h;
+	z.checksum = 0;
+	z.key = *key;
+	return XXH3_64bits(&z, sizeof(z));
+}
+
+enum { HDR_OK, HDR_BAD, HDR_KEY, HDR_GEOM };
+
+/* Classifies a record found under key: HDR_BAD (too short, another magic or
+ * format version, length field not the value's: unusable by anyone),
+ * HDR_KEY (written under another key), HDR_GEOM (another geometry), or
+ * HDR_OK with *h filled. */
+static int check_hdr(const MDB_val *v, const kvs_objkey *key, uint64_t geom, l2_hdr *h)
+{
+	if (v->mv_size < HDR_BYTES)
+		return HDR_BAD;
+	memcpy(h, v->mv_data, HDR_BYTES);
+	if (memcmp(h->magic, "KVL2", 4) != 0 || h->version != FORMAT_VERSION || h->len != v->mv_size - HDR_BYTES)
+		return HDR_BAD;
+	if (memcmp(&h->key, key, sizeof(*key)) != 0)
+		return HDR_KEY;
+	if (h->geom != geom)
+		return HDR_GEOM;
+	return HDR_OK;
+}
+
+/* A reader found the record under key unusable: count it, queue its
+ * deletion (the writer deletes it only if it is still the same value). */
+static void drop_found(kvs_l2 *l2, const kvs_objkey *key, const MDB_val *v, int why)
+{
+	uint64_t fp = value_fp(v);
+	pthread_mutex_lock(&l2->mu);
+	if (why == HDR_KEY)
+		l2->st.key_mismatches++;
+	else if (why == HDR_BAD)
+		l2->st.header_mismatches++;
+	else
+		l2->st.checksum_failures++;
+	if (l2->n_drops < MAX_TOUCHES)
+		l2->drops[l2->n_drops++] = (l2_drop){.key = *key, .fp = fp}; /* never served: delete it */
+	pthread_cond_signal(&l2->wcv);
+	pthread_mutex_unlock(&l2->mu);
+	kvs_warn_rl(&l2->rl_bad, "%s: record dropped",
+		    why == HDR_KEY ? "record found under another object's key"
+		    : why == HDR_BAD ? "record of another format version or with a damaged header"
+				     : "checksum mismatch");
+}
+
 
 /* ---- metadata helpers (writer txn) ---------------------------------------- */
 
@@ -307,7 +381,7 @@ static int evict_to(kvs_l2 *l2, MDB_txn *txn, uint64_t *bytes, uint64_t *objects
 /* One group commit: the batch's objects, pending stamps and drops. Returns 0
  * or an LMDB error (nothing of the batch committed). */
 static int write_batch(kvs_l2 *l2, l2_item *batch, uint32_t nb, const kvs_objkey *touches,
-		       uint32_t nt, const kvs_objkey *drops, uint32_t nd, uint64_t evict_target)
+		       uint32_t nt, const l2_drop *drops, uint32_t nd, uint64_t evict_target)
 {
 	MDB_txn *txn;
 	l2->n_evicted = 0;
@@ -325,7 +399,11 @@ static int write_batch(kvs_l2 *l2, l2_item *batch, uint32_t nb, const kvs_objkey
 		}
 	uint64_t high = l2->cfg.size / 100 * HIGH_PCT;
 	for (uint32_t i = 0; i < nd; i++) {
-		uint64_t f = del_object(l2, txn, &drops[i]);
+		/* only the value the reader found: a record rewritten since stays */
+		MDB_val k = {sizeof(drops[i].key), (void *)&drops[i].key}, v;
+		if (mdb_get(txn, l2->obj, &k, &v) != 0 || value_fp(&v) != drops[i].fp)
+			continue;
+		uint64_t f = del_object(l2, txn, &drops[i].key);
 		if (f) {
 			bytes -= f < bytes ? f : bytes;
 			objects -= objects ? 1 : 0;
@@ -373,8 +451,8 @@ static int write_batch(kvs_l2 *l2, l2_item *batch, uint32_t nb, const kvs_objkey
 		if ((rc = mdb_put(txn, l2->obj, &k, &v, MDB_RESERVE)) != 0)
 			goto abort;
 		l2_hdr h = {.magic = {'K', 'V', 'L', '2'}, .version = FORMAT_VERSION, .geom = it->geom,
-			    .len = it->len};
-		memcpy(h.ns, it->key.ns, 16);
+			    .len = it->len, .key = it->key};
+		uint64_t seed = hdr_seed(&h, &it->key);
 		/* copy in slices and hash what was just copied, while it is in cache */
 		uint8_t *dst = (uint8_t *)v.mv_data + HDR_BYTES;
 		const uint8_t *src = it->src;
@@ -385,7 +463,7 @@ static int write_batch(kvs_l2 *l2, l2_item *batch, uint32_t nb, const kvs_objkey
 			 * write path avoids a page fault (read of a hole + mkwrite) per
 			 * 4 KiB page, 2x faster here. The commit's msync flushes them
 			 * before the meta page, as with memcpy. */
-			h.checksum = XXH3_64bits(src, it->len);
+			h.checksum = XXH3_64bits_withSeed(src, it->len, seed);
 			off_t foff = (off_t)(dst - l2->map_base);
 			for (uint64_t done = 0; done < it->len;) {
 				ssize_t w = pwrite(l2->fd, src + done, it->len - done, foff + (off_t)done);
@@ -407,7 +485,7 @@ static int write_batch(kvs_l2 *l2, l2_item *batch, uint32_t nb, const kvs_objkey
 			rc = ENOMEM;
 			goto abort;
 		}
-		XXH3_64bits_reset(xs);
+		XXH3_64bits_reset_withSeed(xs, seed);
 		for (uint64_t off = 0; off < it->len;) {
 			uint64_t n = it->len - off < (256u << 10) ? it->len - off : (256u << 10);
 			memcpy(dst + off, src + off, n);
@@ -456,7 +534,7 @@ static void *writer_main(void *arg)
 	l2_item *batch = calloc(l2->cfg.batch_max, sizeof(*batch));
 	l2_item **orig = calloc(l2->cfg.batch_max, sizeof(*orig));
 	kvs_objkey *touches = calloc(MAX_TOUCHES, sizeof(*touches));
-	kvs_objkey *drops = calloc(MAX_TOUCHES, sizeof(*drops));
+	l2_drop *drops = calloc(MAX_TOUCHES, sizeof(*drops));
 	if (!batch || !orig || !touches || !drops) {
 		kvs_err("writer cannot start: out of memory");
 		free(batch);
@@ -514,7 +592,8 @@ static void *writer_main(void *arg)
 			rc = write_batch(l2, batch, nb, touches, nt, drops, nd, UINT64_MAX);
 		}
 		if (rc)
-			kvs_warn("group commit of %u objects failed: %s", nb, mdb_strerror(rc));
+			kvs_warn_rl(&l2->rl_commit, "L2 %s: group commit of %u objects failed: %s", l2->path, nb,
+				    mdb_strerror(rc));
 
 		pthread_mutex_lock(&l2->mu);
 		l2->st.write_batches++;
@@ -543,43 +622,32 @@ static void *writer_main(void *arg)
 
 /* ---- reader ------------------------------------------------------------------- */
 
-static int check_hdr(const MDB_val *v, const kvs_objkey *key, uint64_t geom, uint64_t *ret_len)
-{
-	l2_hdr h;
-	if (v->mv_size < HDR_BYTES)
-		return KVS_E_GEOMETRY;
-	memcpy(&h, v->mv_data, HDR_BYTES);
-	if (memcmp(h.magic, "KVL2", 4) != 0 || h.version != FORMAT_VERSION ||
-	    memcmp(h.ns, key->ns, 16) != 0 || h.geom != geom || h.len != v->mv_size - HDR_BYTES)
-		return KVS_E_GEOMETRY;
-	if (ret_len)
-		*ret_len = h.len;
-	return 0;
-}
-
 static int read_one(kvs_l2 *l2, MDB_txn *txn, l2_item *it)
 {
 	MDB_val k = {sizeof(it->key), &it->key}, v;
 	int rc = mdb_get(txn, l2->obj, &k, &v);
 	if (rc)
 		return KVS_E_MISS;
-	uint64_t len;
-	if (check_hdr(&v, &it->key, it->geom, &len) != 0 || len != it->len) {
+	l2_hdr h;
+	int c = check_hdr(&v, &it->key, it->geom, &h);
+	if (c == HDR_BAD || c == HDR_KEY) {
+		drop_found(l2, &it->key, &v, c);
+		return KVS_E_MISS;
+	}
+	if (c == HDR_GEOM || h.len != it->len) {
 		pthread_mutex_lock(&l2->mu);
 		l2->st.header_mismatches++;
 		pthread_mutex_unlock(&l2->mu);
 		return KVS_E_MISS;
 	}
-	l2_hdr h;
-	memcpy(&h, v.mv_data, HDR_BYTES);
 	const uint8_t *src = (const uint8_t *)v.mv_data + HDR_BYTES;
 	uint8_t *dst = it->dst;
 	XXH3_state_t *xs = XXH3_createState();
 	if (!xs)
 		return KVS_E_INTERNAL;
-	XXH3_64bits_reset(xs);
-	for (uint64_t off = 0; off < len;) {
-		uint64_t n = len - off < (256u << 10) ? len - off : (256u << 10);
+	XXH3_64bits_reset_withSeed(xs, hdr_seed(&h, &it->key));
+	for (uint64_t off = 0; off < h.len;) {
+		uint64_t n = h.len - off < (256u << 10) ? h.len - off : (256u << 10);
 		memcpy(dst + off, src + off, n);
 		XXH3_64bits_update(xs, dst + off, n);
 		off += n;
@@ -587,13 +655,7 @@ static int read_one(kvs_l2 *l2, MDB_txn *txn, l2_item *it)
 	uint64_t sum = XXH3_64bits_digest(xs);
 	XXH3_freeState(xs);
 	if (sum != h.checksum) {
-		pthread_mutex_lock(&l2->mu);
-		l2->st.checksum_failures++;
-		if (l2->n_drops < MAX_TOUCHES)
-			l2->drops[l2->n_drops++] = it->key; /* never served: delete it */
-		pthread_cond_signal(&l2->wcv);
-		pthread_mutex_unlock(&l2->mu);
-		kvs_warn("checksum mismatch: object dropped");
+		drop_found(l2, &it->key, &v, HDR_OK);
 		return KVS_E_MISS;
 	}
 	return 0;
@@ -639,6 +701,7 @@ int kvs_l2_open(const kvs_l2_config *cfg, kvs_l2 **ret)
 		return -ENOMEM;
 	l2->cfg = *cfg;
 	l2->ready.done = l2_ready;
+	l2->rl_commit.interval_ms = l2->rl_bad.interval_ms = KVS_RATELIMIT_MS;
 	if (!l2->cfg.batch_max)
 		l2->cfg.batch_max = 256;
 	if (!l2->cfg.queue_max)
@@ -792,13 +855,24 @@ int kvs_l2_contains(kvs_l2 *l2, const kvs_objkey *key, uint64_t geom, uint64_t *
 	if (mdb_txn_begin(l2->env, NULL, MDB_RDONLY, &txn) != 0)
 		return KVS_E_MISS;
 	MDB_val k = {sizeof(*key), (void *)key}, v;
-	int r = mdb_get(txn, l2->obj, &k, &v) == 0 ? check_hdr(&v, key, geom, ret_len) : KVS_E_MISS;
-	mdb_txn_abort(txn);
-	if (r == KVS_E_GEOMETRY) {
-		pthread_mutex_lock(&l2->mu);
-		l2->st.header_mismatches++;
-		pthread_mutex_unlock(&l2->mu);
+	l2_hdr h;
+	int r = KVS_E_MISS;
+	if (mdb_get(txn, l2->obj, &k, &v) == 0) {
+		int c = check_hdr(&v, key, geom, &h);
+		if (c == HDR_OK) {
+			if (ret_len)
+				*ret_len = h.len;
+			r = 0;
+		} else if (c == HDR_GEOM) {
+			pthread_mutex_lock(&l2->mu);
+			l2->st.header_mismatches++;
+			pthread_mutex_unlock(&l2->mu);
+			r = KVS_E_GEOMETRY;
+		} else {
+			drop_found(l2, key, &v, c);
+		}
 	}
+	mdb_txn_abort(txn);
 	return r;
 }
 

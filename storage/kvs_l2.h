@@ -1,8 +1,12 @@
 /* kvs_l2: the persistent tier, one LMDB environment in a directory.
  *
- * An object is stored under its 64-byte kvs_objkey with a 64-byte header
- * (magic, format version, namespace digest, geometry fingerprint, length,
- * XXH3-64 checksum of the data) followed by the data. Committed L1 objects
+ * An object is stored under its 64-byte kvs_objkey with a 96-byte header
+ * (magic, format version 2, geometry fingerprint, length, checksum, and the
+ * full object key again) followed by the data. The checksum is XXH3-64 of the
+ * data seeded with XXH3-64 of the header, so it binds the bytes to the key
+ * they were written under: a record found under another key (a swapped
+ * overflow-page pointer, a misplaced record) is a miss, counted, deleted and
+ * never served; so is a record of format version 1. Committed L1 objects
  * are written behind by one writer thread in group-commit transactions; a
  * reader thread copies objects back into L1 reservations, verifying the
  * checksum on every read. Threads report back through a completion list and
@@ -70,10 +74,11 @@ int kvs_l2_open(const kvs_l2_config *cfg, kvs_l2 **ret);
  * reaped or must not care (shutdown). Accepts NULL. */
 void kvs_l2_close(kvs_l2 *l2);
 
-/* Is the object present with this namespace digest and geometry fingerprint?
- * Reads the header only. Returns 0 and *ret_len, KVS_E_MISS if absent, or
- * KVS_E_GEOMETRY if present but made for another namespace/geometry/version
- * (counted; the caller treats it as a miss). */
+/* Is the object present with this geometry fingerprint? Reads the header
+ * only. Returns 0 and *ret_len; KVS_E_MISS if absent, or if the record is
+ * unusable — of another format version, a damaged header, or written under
+ * another key (counted, and queued for deletion); KVS_E_GEOMETRY if present but
+ * made for another geometry (counted; the caller treats it as a miss). */
 int kvs_l2_contains(kvs_l2 *l2, const kvs_objkey *key, uint64_t geom, uint64_t *ret_len);
 
 /* KVS_L2_EVICTED: not a request's completion but a report: the writer
@@ -83,7 +88,7 @@ enum kvs_l2_op { KVS_L2_WRITE = 1, KVS_L2_READ = 2, KVS_L2_META = 3, KVS_L2_EVIC
 typedef struct kvs_l2_done {
 	int op;       /* enum kvs_l2_op */
 	kvs_objkey key; /* write, read, evicted: the object */
-	int result;   /* 0; write: KVS_E_NOSPACE (dropped from the queue, or its group commit failed); read: KVS_E_MISS (absent, checksum or header mismatch: the object was dropped) */
+	int result;   /* 0; write: KVS_E_NOSPACE (dropped from the queue, or its group commit failed); read: KVS_E_MISS (absent, or unusable: checksum, key or header mismatch — such a record is deleted) */
 	void *cookie; /* as given */
 } kvs_l2_done;
 
@@ -93,7 +98,8 @@ typedef struct kvs_l2_done {
 int kvs_l2_write(kvs_l2 *l2, const kvs_objkey *key, uint64_t geom, const void *data, uint64_t len,
 		 void *cookie);
 /* Queues a read of the object into dst (exactly len bytes), verified against
- * the checksum, namespace and geometry. Returns 0 or -ENOMEM. */
+ * the key, the geometry and the checksum; dst is written only when the header
+ * matches. Returns 0 or -ENOMEM. */
 int kvs_l2_read(kvs_l2 *l2, const kvs_objkey *key, uint64_t geom, void *dst, uint64_t len,
 		void *cookie);
 /* Small metadata records (e.g. the geometry of a namespace, so lookups after
@@ -114,6 +120,7 @@ typedef struct kvs_l2_stats {
 	uint64_t map_size, objects, bytes;       /* bytes: object data + headers */
 	uint64_t writes, write_batches, write_drops, write_errors;
 	uint64_t reads, read_misses, checksum_failures, header_mismatches;
+	uint64_t key_mismatches;                 /* records found under another object's key (deleted, never served) */
 	uint64_t evictions, map_full_retries;
 	uint64_t queue_depth, queue_bytes;
 	uint64_t writes_committed;               /* monotonic, in queue order */

@@ -1,10 +1,11 @@
 /* Unit tests for the L2 tier (storage/kvs_l2.c): write/contains/read round
  * trips, overwrite, geometry and header checks, persistence across reopen,
  * watermark eviction in LRU order (touches included), checksum failures from
- * a corrupted data file, the drop-oldest write queue (made deterministic by a
- * second process holding LMDB's write lock), clear, close draining the
- * queue, and the rate limit of repeated log lines. Every test works in its
- * own temporary directory. */
+ * a corrupted data file, records bound to their key (swapped overflow-page
+ * pointers, records put under another key, format version 1), the drop-oldest
+ * write queue (made deterministic by a second process holding LMDB's write
+ * lock), clear, close draining the queue, and the rate limit of repeated log
+ * lines. Every test works in its own temporary directory. */
 #include <check.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -23,6 +24,7 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include "check_main.h"
 #include "kvs_error.h"
@@ -30,7 +32,7 @@
 #include "kvs_log.h"
 
 #define GEOM 0x1234abcd5678ef00ull
-#define HDR 64u /* on-disk header bytes (kvs_l2.c) */
+#define HDR 96u /* on-disk header bytes (kvs_l2.c) */
 #define WAIT_MS 30000
 #define MIB (1ull << 20)
 
@@ -573,7 +575,8 @@ static void write_and_corrupt_header(fx *f, const kvs_objkey *k, const uint8_t *
 	fx_open(f);
 	put(f, k, a, 4096);
 	fx_close(f);
-	/* the header sits right before the data; check it is where we think */
+	/* the header sits right before the data; check it is where we think:
+	 * magic, version 2, flags, geometry, length, checksum, the full key */
 	uint8_t magic[4] = {'K', 'V', 'L', '2'};
 	char path[256];
 	snprintf(path, sizeof(path), "%s/data.mdb", f->dir);
@@ -592,25 +595,44 @@ static void write_and_corrupt_header(fx *f, const kvs_objkey *k, const uint8_t *
 	ck_assert_mem_eq(p - HDR, magic, 4);
 	uint16_t ver;
 	memcpy(&ver, p - HDR + 4, 2);
-	ck_assert_uint_eq(ver, 1);
-	ck_assert_mem_eq(p - HDR + 8, k->ns, 16);
+	ck_assert_uint_eq(ver, 2);
 	uint64_t g, l;
-	memcpy(&g, p - HDR + 24, 8);
-	memcpy(&l, p - HDR + 32, 8);
+	memcpy(&g, p - HDR + 8, 8);
+	memcpy(&l, p - HDR + 16, 8);
 	ck_assert_uint_eq(g, GEOM);
 	ck_assert_uint_eq(l, 4096);
+	ck_assert_mem_eq(p - HDR + 32, k, sizeof(*k));
 	free(buf);
 	patch(f->dir, a, hdr_off - (long)HDR, x);
 	fx_open(f);
 }
 
+/* Makes the writer commit once more (a write of another object): whatever
+ * it had queued before — deletions of records found unusable — is then
+ * committed too. */
+static void sync_writer(fx *f)
+{
+	static uint8_t d[100];
+	kvs_objkey k = mkkey(0xfffffff0u, 0xee);
+	put(f, &k, d, sizeof(d));
+}
+
+enum { C_BAD, C_KEY, C_GEOM, C_SUM };
+
 START_TEST(header_field_corruption)
 {
-	/* magic, version (low and high byte), namespace digest, geometry, length */
+	/* a damaged header field: magic, version (low and high byte), length
+	 * (unusable: dropped), geometry (another geometry: kept), flags (only
+	 * the checksum sees it: dropped), and the key copy — chunk key,
+	 * namespace, world, rank, group, pad (another object's: dropped) */
 	static const struct {
 		long off;
 		uint8_t x;
-	} cases[] = {{0, 0x20}, {4, 0x02}, {5, 0x01}, {8, 0x01}, {23, 0x80}, {24, 0x01}, {32, 0x01}, {33, 0x10}};
+		int kind;
+	} cases[] = {{0, 0x20, C_BAD},  {4, 0x02, C_BAD},  {5, 0x01, C_BAD},  {16, 0x01, C_BAD},
+		     {23, 0x10, C_BAD}, {8, 0x01, C_GEOM}, {15, 0x80, C_GEOM}, {6, 0x01, C_SUM},
+		     {32, 0x01, C_KEY}, {63, 0x40, C_KEY}, {64, 0x01, C_KEY}, {79, 0x80, C_KEY},
+		     {80, 0x01, C_KEY}, {84, 0x02, C_KEY}, {88, 0x04, C_KEY}, {92, 0x01, C_KEY}};
 	const int i = _i;
 	fx f;
 	fx_init(&f, 64 * MIB);
@@ -620,13 +642,34 @@ START_TEST(header_field_corruption)
 	put(&f, &other, b, 4096);
 	fx_close(&f);
 	write_and_corrupt_header(&f, &k, a, cases[i].off, cases[i].x);
-	contains_len(&f, &k, GEOM, KVS_E_GEOMETRY);
-	ck_assert_uint_eq(stats(&f).header_mismatches, 1);
-	get(&f, &k, GEOM, 4096, NULL, KVS_E_MISS);
+	/* the read first (it copies nothing: the 0xab fill is checked), then
+	 * the writer's next commit deletes what it found unusable */
+	uint8_t *dst = malloc(4096);
+	ck_assert_ptr_nonnull(dst);
+	memset(dst, 0xab, 4096);
+	ck_assert_int_eq(kvs_l2_read(f.l2, &k, GEOM, dst, 4096, (void *)(uintptr_t)5), 0);
+	expect_one(&f, KVS_L2_READ, KVS_E_MISS, 5);
+	if (cases[i].kind != C_SUM)
+		for (int j = 0; j < 4096; j++)
+			ck_assert_uint_eq(dst[j], 0xab);
+	free(dst);
 	kvs_l2_stats st = stats(&f);
-	ck_assert_uint_eq(st.header_mismatches, 2);
 	ck_assert_uint_eq(st.read_misses, 1);
-	ck_assert_uint_eq(st.checksum_failures, 0);
+	ck_assert_uint_eq(st.header_mismatches, cases[i].kind == C_BAD || cases[i].kind == C_GEOM);
+	ck_assert_uint_eq(st.key_mismatches, cases[i].kind == C_KEY);
+	ck_assert_uint_eq(st.checksum_failures, cases[i].kind == C_SUM);
+	sync_writer(&f);
+	if (cases[i].kind == C_GEOM) {
+		/* a record of another geometry may serve another registration */
+		contains_len(&f, &k, GEOM, KVS_E_GEOMETRY);
+		ck_assert_uint_eq(stats(&f).objects, 3);
+	} else {
+		contains_len(&f, &k, GEOM, KVS_E_MISS);
+		ck_assert_uint_eq(stats(&f).objects, 2); /* deleted */
+	}
+	st = stats(&f);
+	/* the read's, and for another geometry the presence check's too */
+	ck_assert_uint_eq(st.header_mismatches, cases[i].kind == C_BAD ? 1 : cases[i].kind == C_GEOM ? 2 : 0);
 	/* the neighbour is untouched */
 	ck_assert_uint_eq(contains_len(&f, &other, GEOM, 0), 4096);
 	get(&f, &other, GEOM, 4096, b, 0);
@@ -634,9 +677,286 @@ START_TEST(header_field_corruption)
 	put(&f, &k, a, 4096);
 	ck_assert_uint_eq(contains_len(&f, &k, GEOM, 0), 4096);
 	get(&f, &k, GEOM, 4096, a, 0);
-	ck_assert_uint_eq(stats(&f).objects, 2);
+	ck_assert_uint_eq(stats(&f).objects, 3);
 	free(a);
 	free(b);
+	fx_done(&f);
+}
+END_TEST
+
+/* contains() on a damaged record: a miss that deletes it, counted once */
+START_TEST(contains_drops_unusable)
+{
+	fx f;
+	fx_init(&f, 64 * MIB);
+	kvs_objkey k = mkkey(7, 0x12), j = mkkey(8, 0x12);
+	uint8_t *a = mkdata(4096, 1100), *b = mkdata(4096, 1101);
+	fx_open(&f);
+	put(&f, &j, b, 4096);
+	fx_close(&f);
+	write_and_corrupt_header(&f, &k, a, 84, 0x01); /* the rank in the key copy */
+	uint64_t len = 0xdeadbeefull;
+	ck_assert_int_eq(kvs_l2_contains(f.l2, &k, GEOM, &len), KVS_E_MISS);
+	ck_assert_uint_eq(len, 0xdeadbeefull);
+	ck_assert_uint_eq(stats(&f).key_mismatches, 1);
+	sync_writer(&f);
+	contains_len(&f, &k, GEOM, KVS_E_MISS);
+	kvs_l2_stats st = stats(&f);
+	ck_assert_uint_eq(st.key_mismatches, 1); /* absent now, not misplaced */
+	ck_assert_uint_eq(st.objects, 2);
+	ck_assert_uint_eq(st.bytes, HDR + 4096 + HDR + 100);
+	get(&f, &j, GEOM, 4096, b, 0);
+	free(a);
+	free(b);
+	fx_done(&f);
+}
+END_TEST
+
+/* ---- records under another key ---------------------------------------------- */
+
+/* The obj database's leaf node of key in data.mdb (a closed environment):
+ * LMDB's node header (data size lo/hi, flags, key size) precedes the key,
+ * and a big value's overflow page number follows it. Returns the file
+ * offset of that page number. */
+static long node_pgno_at(const uint8_t *buf, size_t size, const kvs_objkey *key)
+{
+	long at = -1;
+	int hits = 0;
+	for (const uint8_t *p = buf; (p = memmem(p, (size_t)(buf + size - p), key, sizeof(*key))) != NULL; p++) {
+		if (p - buf < 8)
+			continue;
+		uint16_t flags, ksize;
+		memcpy(&flags, p - 4, 2);
+		memcpy(&ksize, p - 2, 2);
+		if (flags == 0x01 /* F_BIGDATA */ && ksize == sizeof(*key)) {
+			at = (long)(p - buf) + (long)sizeof(*key);
+			hits++;
+		}
+	}
+	ck_assert_int_eq(hits, 1);
+	return at;
+}
+
+static uint8_t *read_file(const char *path, size_t *ret_size)
+{
+	int fd = open(path, O_RDONLY);
+	ck_assert_int_ge(fd, 0);
+	struct stat sb;
+	ck_assert_int_eq(fstat(fd, &sb), 0);
+	uint8_t *buf = malloc((size_t)sb.st_size);
+	ck_assert_ptr_nonnull(buf);
+	ck_assert_int_eq(pread(fd, buf, (size_t)sb.st_size, 0), sb.st_size);
+	close(fd);
+	*ret_size = (size_t)sb.st_size;
+	return buf;
+}
+
+/* Rewrites <dir>/data.mdb with live pages only (LMDB's compacting copy), so
+ * that no stale copy of a leaf page is left to confuse a search. */
+static void compact(const char *dir)
+{
+	char tmp[256], from[300], to[300];
+	snprintf(tmp, sizeof(tmp), "%s/compact", dir);
+	ck_assert_int_eq(mkdir(tmp, 0700), 0);
+	MDB_env *env;
+	ck_assert_int_eq(mdb_env_create(&env), 0);
+	ck_assert_int_eq(mdb_env_set_maxdbs(env, 4), 0);
+	ck_assert_int_eq(mdb_env_set_mapsize(env, 128 * MIB), 0);
+	ck_assert_int_eq(mdb_env_open(env, dir, MDB_NOTLS, 0600), 0);
+	ck_assert_int_eq(mdb_env_copy2(env, tmp, MDB_CP_COMPACT), 0);
+	mdb_env_close(env);
+	snprintf(from, sizeof(from), "%s/data.mdb", tmp);
+	snprintf(to, sizeof(to), "%s/data.mdb", dir);
+	ck_assert_int_eq(rename(from, to), 0);
+	ck_assert_int_eq(rmdir(tmp), 0);
+}
+
+/* Issue 16 #2: two records' overflow-page pointers swapped in their leaf
+ * page. Each key then leads to the other object's intact record (valid
+ * data checksum): it must be a miss, counted, deleted, with no byte served. */
+START_TEST(swapped_records_never_served)
+{
+	fx f;
+	fx_init(&f, 64 * MIB);
+	fx_open(&f);
+	enum { N = 6 };
+	const uint64_t len = 20000;
+	uint8_t *data[N];
+	for (uint32_t i = 0; i < N; i++) {
+		data[i] = mkdata(len, 4000 + i);
+		kvs_objkey k = mkkey(i, 0x13);
+		put(&f, &k, data[i], len);
+	}
+	fx_close(&f);
+	compact(f.dir);
+	kvs_objkey ka = mkkey(1, 0x13), kb = mkkey(4, 0x13);
+	char path[256];
+	snprintf(path, sizeof(path), "%s/data.mdb", f.dir);
+	size_t size;
+	uint8_t *buf = read_file(path, &size);
+	long pa = node_pgno_at(buf, size, &ka), pb = node_pgno_at(buf, size, &kb);
+	uint64_t ga, gb;
+	memcpy(&ga, buf + pa, 8);
+	memcpy(&gb, buf + pb, 8);
+	ck_assert_uint_ne(ga, gb);
+	free(buf);
+	int fd = open(path, O_RDWR);
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(pwrite(fd, &gb, 8, pa), 8);
+	ck_assert_int_eq(pwrite(fd, &ga, 8, pb), 8);
+	close(fd);
+	fx_open(&f);
+	/* the reads: misses, and nothing written into the destination */
+	get(&f, &ka, GEOM, len, NULL, KVS_E_MISS);
+	uint8_t *dst = malloc(len);
+	ck_assert_ptr_nonnull(dst);
+	memset(dst, 0xab, len);
+	ck_assert_int_eq(kvs_l2_read(f.l2, &kb, GEOM, dst, len, (void *)(uintptr_t)6), 0);
+	expect_one(&f, KVS_L2_READ, KVS_E_MISS, 6);
+	for (uint64_t i = 0; i < len; i++)
+		ck_assert_uint_eq(dst[i], 0xab);
+	free(dst);
+	kvs_l2_stats st = stats(&f);
+	ck_assert_uint_eq(st.key_mismatches, 2);
+	ck_assert_uint_eq(st.checksum_failures, 0);
+	ck_assert_uint_eq(st.read_misses, 2);
+	/* both deleted with the writer's next commit, durably */
+	sync_writer(&f);
+	contains_len(&f, &ka, GEOM, KVS_E_MISS);
+	contains_len(&f, &kb, GEOM, KVS_E_MISS);
+	ck_assert_uint_eq(stats(&f).key_mismatches, 2);
+	ck_assert_uint_eq(stats(&f).objects, N - 2 + 1);
+	fx_close(&f);
+	fx_open(&f);
+	contains_len(&f, &ka, GEOM, KVS_E_MISS);
+	contains_len(&f, &kb, GEOM, KVS_E_MISS);
+	/* the others serve byte-exact */
+	for (uint32_t i = 0; i < N; i++) {
+		if (i == 1 || i == 4)
+			continue;
+		kvs_objkey k = mkkey(i, 0x13);
+		get(&f, &k, GEOM, len, data[i], 0);
+	}
+	for (uint32_t i = 0; i < N; i++)
+		free(data[i]);
+	fx_done(&f);
+}
+END_TEST
+
+/* A record put under another key with a raw mdb_put (the environment
+ * closed): same outcome. */
+static void raw_copy_record(const char *dir, const kvs_objkey *from, const kvs_objkey *to)
+{
+	MDB_env *env;
+	MDB_txn *txn;
+	MDB_dbi obj;
+	ck_assert_int_eq(mdb_env_create(&env), 0);
+	ck_assert_int_eq(mdb_env_set_maxdbs(env, 4), 0);
+	ck_assert_int_eq(mdb_env_set_mapsize(env, 128 * MIB), 0);
+	ck_assert_int_eq(mdb_env_open(env, dir, MDB_NOTLS, 0600), 0);
+	ck_assert_int_eq(mdb_txn_begin(env, NULL, 0, &txn), 0);
+	ck_assert_int_eq(mdb_dbi_open(txn, "obj", 0, &obj), 0);
+	MDB_val k = {sizeof(*from), (void *)from}, v, k2 = {sizeof(*to), (void *)to};
+	ck_assert_int_eq(mdb_get(txn, obj, &k, &v), 0);
+	void *copy = malloc(v.mv_size);
+	ck_assert_ptr_nonnull(copy);
+	memcpy(copy, v.mv_data, v.mv_size);
+	MDB_val nv = {v.mv_size, copy};
+	ck_assert_int_eq(mdb_put(txn, obj, &k2, &nv, 0), 0);
+	ck_assert_int_eq(mdb_txn_commit(txn), 0);
+	free(copy);
+	mdb_env_close(env);
+}
+
+START_TEST(record_under_other_key)
+{
+	fx f;
+	fx_init(&f, 64 * MIB);
+	fx_open(&f);
+	kvs_objkey ka = mkkey(1, 0x14), kb = mkkey(2, 0x14), kc = mkkey(3, 0x14);
+	/* same namespace, geometry and length: only the key tells them apart */
+	kvs_objkey kr = ka;
+	kr.rank = 3;
+	uint8_t *a = mkdata(5000, 4100), *b = mkdata(5000, 4101);
+	put(&f, &ka, a, 5000);
+	put(&f, &kb, b, 5000);
+	put(&f, &kr, b, 5000);
+	fx_close(&f);
+	raw_copy_record(f.dir, &ka, &kb);  /* b's record replaced by a's */
+	raw_copy_record(f.dir, &ka, &kc);  /* a new key holding a's record */
+	raw_copy_record(f.dir, &kr, &ka);  /* another rank's record under a */
+	fx_open(&f);
+	get(&f, &kb, GEOM, 5000, NULL, KVS_E_MISS);
+	get(&f, &kc, GEOM, 5000, NULL, KVS_E_MISS);
+	contains_len(&f, &ka, GEOM, KVS_E_MISS);
+	ck_assert_uint_eq(stats(&f).key_mismatches, 3);
+	get(&f, &kr, GEOM, 5000, b, 0); /* the original is fine */
+	free(a);
+	free(b);
+	fx_done(&f);
+}
+END_TEST
+
+/* Issue 16 #2: a record of format version 1 (64-byte header: magic,
+ * version, flags, namespace digest, geometry, length, checksum of the data,
+ * padding) is a miss, counted as a header mismatch, and deleted. */
+START_TEST(old_version_record)
+{
+	fx f;
+	fx_init(&f, 64 * MIB);
+	fx_open(&f);
+	kvs_objkey k = mkkey(9, 0x15), other = mkkey(10, 0x15);
+	const uint64_t len = 6000;
+	uint8_t *a = mkdata(len, 4200);
+	put(&f, &other, a, len);
+	fx_close(&f);
+	/* the record as version 1 wrote it */
+	uint8_t *rec = calloc(1, 64 + len);
+	ck_assert_ptr_nonnull(rec);
+	memcpy(rec, "KVL2", 4);
+	uint16_t ver = 1;
+	memcpy(rec + 4, &ver, 2);
+	memcpy(rec + 8, k.ns, 16);
+	uint64_t g = GEOM, l = len, sum = XXH3_64bits(a, len);
+	memcpy(rec + 24, &g, 8);
+	memcpy(rec + 32, &l, 8);
+	memcpy(rec + 40, &sum, 8);
+	memcpy(rec + 64, a, len);
+	MDB_env *env;
+	MDB_txn *txn;
+	MDB_dbi obj, meta;
+	ck_assert_int_eq(mdb_env_create(&env), 0);
+	ck_assert_int_eq(mdb_env_set_maxdbs(env, 4), 0);
+	ck_assert_int_eq(mdb_env_set_mapsize(env, 128 * MIB), 0);
+	ck_assert_int_eq(mdb_env_open(env, f.dir, MDB_NOTLS, 0600), 0);
+	ck_assert_int_eq(mdb_txn_begin(env, NULL, 0, &txn), 0);
+	ck_assert_int_eq(mdb_dbi_open(txn, "obj", 0, &obj), 0);
+	ck_assert_int_eq(mdb_dbi_open(txn, "meta", 0, &meta), 0);
+	MDB_val kk = {sizeof(k), &k}, v = {64 + len, rec};
+	ck_assert_int_eq(mdb_put(txn, obj, &kk, &v, 0), 0);
+	/* the counts as version 1 kept them */
+	uint64_t bytes = HDR + len + 64 + len, objects = 2;
+	MDB_val bk = {5, "bytes"}, bv = {8, &bytes}, ok = {7, "objects"}, ov = {8, &objects};
+	ck_assert_int_eq(mdb_put(txn, meta, &bk, &bv, 0), 0);
+	ck_assert_int_eq(mdb_put(txn, meta, &ok, &ov, 0), 0);
+	ck_assert_int_eq(mdb_txn_commit(txn), 0);
+	mdb_env_close(env);
+	free(rec);
+	fx_open(&f);
+	ck_assert_uint_eq(stats(&f).objects, 2);
+	get(&f, &k, GEOM, len, NULL, KVS_E_MISS);
+	ck_assert_uint_eq(stats(&f).header_mismatches, 1);
+	ck_assert_uint_eq(stats(&f).checksum_failures, 0);
+	sync_writer(&f);
+	contains_len(&f, &k, GEOM, KVS_E_MISS);
+	kvs_l2_stats st = stats(&f);
+	ck_assert_uint_eq(st.header_mismatches, 1);
+	ck_assert_uint_eq(st.objects, 2); /* other + the sync object */
+	ck_assert_uint_eq(st.bytes, HDR + len + HDR + 100);
+	/* written again, it serves */
+	put(&f, &k, a, len);
+	get(&f, &k, GEOM, len, a, 0);
+	free(a);
 	fx_done(&f);
 }
 END_TEST
@@ -699,7 +1019,7 @@ START_TEST(checksum_field_corruption)
 	fx_init(&f, 64 * MIB);
 	kvs_objkey k = mkkey(12, 0x33);
 	uint8_t *a = mkdata(4096, 3000);
-	write_and_corrupt_header(&f, &k, a, 40, 0x01);
+	write_and_corrupt_header(&f, &k, a, 24, 0x01);
 	ck_assert_uint_eq(contains_len(&f, &k, GEOM, 0), 4096);
 	get(&f, &k, GEOM, 4096, NULL, KVS_E_MISS);
 	ck_assert_uint_eq(stats(&f).checksum_failures, 1);
@@ -1312,6 +1632,37 @@ START_TEST(ratelimit_counts)
 }
 END_TEST
 
+/* A record found unusable is deleted only as it was found: if the object is
+ * written again before the writer gets to the deletion, the new record
+ * stays. The write lock held by another process orders it: the rewrite is in
+ * the writer's hands before the reader finds the old record. */
+START_TEST(drop_spares_rewritten_record)
+{
+	fx f;
+	fx_init(&f, 64 * MIB);
+	f.cfg.batch_ms = 0;
+	kvs_objkey k = mkkey(21, 0x19);
+	uint8_t *a = mkdata(4096, 5100), *b = mkdata(4096, 5101);
+	write_and_corrupt_header(&f, &k, a, 64, 0x01); /* a key byte: found under another key */
+	fx_close(&f);
+	holder h = holder_fork(f.dir, f.cfg.size);
+	fx_open(&f);
+	holder_lock(&h);
+	ck_assert_int_eq(kvs_l2_write(f.l2, &k, GEOM, b, 4096, (void *)(uintptr_t)1), 0);
+	wait_queue_empty(&f);
+	get(&f, &k, GEOM, 4096, NULL, KVS_E_MISS); /* the old record: queued for deletion */
+	ck_assert_uint_eq(stats(&f).key_mismatches, 1);
+	holder_release(&h);
+	expect_one(&f, KVS_L2_WRITE, 0, 1);
+	sync_writer(&f); /* the deletion's turn: the record is not the one found */
+	get(&f, &k, GEOM, 4096, b, 0);
+	ck_assert_uint_eq(stats(&f).key_mismatches, 1);
+	free(a);
+	free(b);
+	fx_done(&f);
+}
+END_TEST
+
 /* ---- clear ------------------------------------------------------------------- */
 
 START_TEST(clear_empties)
@@ -1375,7 +1726,11 @@ static Suite *l2_suite(void)
 	tcase_add_test(tc, close_drains_queue);
 	tcase_add_test(tc, group_commit_waits);
 	tcase_add_test(tc, open_errors);
-	tcase_add_loop_test(tc, header_field_corruption, 0, 8);
+	tcase_add_loop_test(tc, header_field_corruption, 0, 16);
+	tcase_add_test(tc, contains_drops_unusable);
+	tcase_add_test(tc, swapped_records_never_served);
+	tcase_add_test(tc, record_under_other_key);
+	tcase_add_test(tc, old_version_record);
 	tcase_add_test(tc, checksum_mismatch);
 	tcase_add_test(tc, checksum_field_corruption);
 	tcase_add_test(tc, eviction_serial);
@@ -1388,6 +1743,7 @@ static Suite *l2_suite(void)
 	tcase_add_test(tc, queue_bytes_bound);
 	tcase_add_test(tc, queue_overflow_stress);
 	tcase_add_test(tc, clear_empties);
+	tcase_add_test(tc, drop_spares_rewritten_record);
 	tcase_add_test(tc, ratelimit_counts);
 	suite_add_tcase(s, tc);
 	return s;
