@@ -176,6 +176,8 @@ static const family families[] = {
 	 0, {{"l2_key_mismatches", ""}}},
 	{"l2_map_full_retries_total", "counter", "L2 commits retried after the map filled up.", 0,
 	 {{"l2_map_full_retries", ""}}},
+	{"l2_corrupt_recoveries_total", "counter", "Corrupt L2 files moved aside at start (L2 started empty).", 0,
+	 {{"l2_corrupt_recoveries", ""}}},
 	{"broker_connections_total", "counter", "fd-broker connections, by outcome.", 0,
 	 {{"broker_accepted", "result=\"accepted\""}, {"broker_rejected", "result=\"rejected\""}}},
 	{"broker_fds_total", "counter", "fds received by the broker, by outcome.", 0,

@@ -1,12 +1,14 @@
 /* L2 tier over LMDB: writer thread with group commit, reader thread with
  * checksum verification, batched LRU stamps, watermark eviction; records
- * bound to their key. See kvs_l2.h for the contract and
+ * bound to their key, and crash-loop detection through a small state file. See kvs_l2.h for the contract and
  * docs/architecture.md §6 for the design. */
 #include "kvs_l2.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <lmdb.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -38,6 +40,10 @@
 #define PAGES_HIGH_PCT 95
 #define PAGES_LOW_PCT 80
 #define RESERVE_PCT 6
+/* runs in a row dying inside a write transaction (each after the first
+ * before committing any) that make the next open set the environment aside */
+#define STRIKES_MAX 2
+#define STATE_FILE "l2.state"
 
 /* On-disk object header (little-endian host order; the format version
  * guards layout changes). */
@@ -52,6 +58,20 @@ typedef struct l2_hdr {
 } l2_hdr;
 _Static_assert(sizeof(l2_hdr) == HDR_BYTES, "header must stay 96 bytes");
 _Static_assert(offsetof(l2_hdr, key) == 32, "header layout");
+
+/* How the last run that opened this environment ended (STATE_FILE, 16
+ * bytes). Single bytes are rewritten in place with pwrite and never synced:
+ * the file must survive the death of the process, not a power loss. */
+typedef struct l2_state {
+	char magic[8];   /* "KVL2RUN1" */
+	uint8_t open;    /* a process has the environment open (cleared by a clean close) */
+	uint8_t in_txn;  /* ... and is inside a write transaction */
+	uint8_t fault;   /* a fatal signal (its number) hit a thread inside L2 work, or FAULT_LMDB */
+	uint8_t strikes; /* deaths inside a write transaction in a row, no commit between them */
+	uint8_t pad[4];
+} l2_state;
+_Static_assert(sizeof(l2_state) == 16, "state layout");
+#define FAULT_LMDB 0xff /* LMDB reported corruption (MDB_CORRUPTED, MDB_PAGE_NOTFOUND, MDB_PANIC) */
 
 typedef struct l2_item {
 	struct l2_item *next;
@@ -105,7 +125,13 @@ struct kvs_l2 {
 	uint64_t psize; /* LMDB page size */
 	kvs_objkey *evicted; /* writer-owned: keys evicted by the transaction in progress */
 	uint32_t n_evicted, cap_evicted;
-	kvs_ratelimit rl_commit, rl_bad;
+	/* crash-loop detection (l2_state) */
+	int state_fd;
+	pthread_mutex_t state_mu;
+	uint32_t txn_depth; /* write transactions open now (guarded by state_mu) */
+	bool committed;     /* a write transaction of this run has committed (state_mu) */
+	atomic_int inject;  /* kvs__l2_inject */
+	kvs_ratelimit rl_commit, rl_bad, rl_corrupt;
 	kvs_l2_stats st; /* guarded by mu */
 };
 
@@ -180,6 +206,207 @@ static void complete(kvs_l2 *l2, l2_item *it, int result)
 
 static int lmdb_err(int rc) { return rc > 0 ? -rc : rc; }
 
+/* LMDB errors that mean the file is damaged, not that it is busy or full. */
+static bool corrupt_err(int rc)
+{
+	return rc == MDB_CORRUPTED || rc == MDB_PAGE_NOTFOUND || rc == MDB_PANIC || rc == MDB_INVALID ||
+	       rc == MDB_VERSION_MISMATCH || rc == MDB_INCOMPATIBLE;
+}
+
+/* ---- crash-loop detection --------------------------------------------------
+ * The state file records whether a run is inside a write transaction, and
+ * the fatal-signal handler records a signal that hits a thread doing L2 work
+ * (tl_state_fd set). kvs_l2_open reads how the last run ended (§6). */
+
+static _Thread_local int tl_state_fd = -1; /* this thread is inside L2 work */
+static _Thread_local bool tl_l2_thread;     /* the writer or reader: all its work is L2 work */
+static struct sigaction fatal_prev[NSIG];   /* the handlers installed before ours */
+static const int fatal_sigs[] = {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT};
+
+/* Async-signal-safe: pwrite, sigaction, raise. */
+static void on_fatal(int sig, siginfo_t *si, void *ctx)
+{
+	int fd = tl_state_fd;
+	if (fd >= 0) {
+		uint8_t b = (uint8_t)sig;
+		ssize_t w = pwrite(fd, &b, 1, offsetof(l2_state, fault));
+		(void)w;
+	}
+	const struct sigaction *p = &fatal_prev[sig];
+	if ((p->sa_flags & SA_SIGINFO) && p->sa_sigaction) {
+		p->sa_sigaction(sig, si, ctx);
+		return;
+	}
+	if (!(p->sa_flags & SA_SIGINFO) && p->sa_handler != SIG_DFL && p->sa_handler != SIG_IGN) {
+		p->sa_handler(sig);
+		return;
+	}
+	/* the default action: taken when the handler returns (the signal is
+	 * blocked until then) */
+	struct sigaction dfl = {.sa_handler = SIG_DFL};
+	sigemptyset(&dfl.sa_mask);
+	sigaction(sig, &dfl, NULL);
+	raise(sig);
+}
+
+static void install_fatal(void)
+{
+	for (size_t i = 0; i < sizeof(fatal_sigs) / sizeof(fatal_sigs[0]); i++) {
+		struct sigaction sa = {.sa_sigaction = on_fatal, .sa_flags = SA_SIGINFO | SA_ONSTACK};
+		sigemptyset(&sa.sa_mask);
+		sigaction(fatal_sigs[i], &sa, &fatal_prev[fatal_sigs[i]]);
+	}
+}
+
+static const char *sig_name(int sig)
+{
+	switch (sig) {
+	case SIGSEGV: return "SIGSEGV";
+	case SIGBUS: return "SIGBUS";
+	case SIGILL: return "SIGILL";
+	case SIGFPE: return "SIGFPE";
+	case SIGABRT: return "SIGABRT";
+	default: return "a fatal signal";
+	}
+}
+
+static void state_put(kvs_l2 *l2, size_t off, uint8_t v)
+{
+	if (l2->state_fd < 0)
+		return;
+	ssize_t w = pwrite(l2->state_fd, &v, 1, (off_t)off);
+	(void)w;
+}
+
+/* Enters or leaves L2 work on this thread (the signal handler's marker);
+ * write transactions also set in_txn in the state file, and the first one
+ * of the run that commits clears the strikes. */
+static void work_enter(kvs_l2 *l2, bool write)
+{
+	tl_state_fd = l2->state_fd;
+	if (!write)
+		return;
+	pthread_mutex_lock(&l2->state_mu);
+	if (l2->txn_depth++ == 0)
+		state_put(l2, offsetof(l2_state, in_txn), 1);
+	pthread_mutex_unlock(&l2->state_mu);
+}
+
+static void work_leave(kvs_l2 *l2, bool write, bool committed)
+{
+	if (write) {
+		pthread_mutex_lock(&l2->state_mu);
+		if (committed && !l2->committed) {
+			l2->committed = true;
+			state_put(l2, offsetof(l2_state, strikes), 0);
+		}
+		if (--l2->txn_depth == 0)
+			state_put(l2, offsetof(l2_state, in_txn), 0);
+		pthread_mutex_unlock(&l2->state_mu);
+	}
+	if (!tl_l2_thread)
+		tl_state_fd = -1;
+}
+
+/* An LMDB error that means a damaged file: the next open sets it aside. */
+static void note_lmdb_error(kvs_l2 *l2, int rc, const char *what)
+{
+	if (!corrupt_err(rc))
+		return;
+	state_put(l2, offsetof(l2_state, fault), FAULT_LMDB);
+	kvs_err_rl(&l2->rl_corrupt, "L2 %s: %s: %s; the environment is damaged and will be set aside at the next start",
+		   l2->path, what, mdb_strerror(rc));
+}
+
+/* Moves data.mdb aside as data.mdb.corrupt-<UTC time> and removes lock.mdb,
+ * so that the next mdb_env_open creates an empty environment. */
+static int set_aside(kvs_l2 *l2, const char *why)
+{
+	char from[600], to[700], lock[600], stamp[32];
+	snprintf(from, sizeof(from), "%s/data.mdb", l2->path);
+	snprintf(lock, sizeof(lock), "%s/lock.mdb", l2->path);
+	time_t now = time(NULL);
+	struct tm tm;
+	gmtime_r(&now, &tm);
+	strftime(stamp, sizeof(stamp), "%Y%m%dT%H%M%SZ", &tm);
+	snprintf(to, sizeof(to), "%s.corrupt-%s", from, stamp);
+	for (int i = 2; access(to, F_OK) == 0 && i < 1000; i++)
+		snprintf(to, sizeof(to), "%s.corrupt-%s-%d", from, stamp, i);
+	if (rename(from, to) < 0) {
+		int e = errno;
+		if (e != ENOENT) {
+			kvs_err("L2 %s is corrupt (%s) and cannot be moved aside to %s: %s", l2->path, why, to,
+				strerror(e));
+			return -e;
+		}
+		snprintf(to, sizeof(to), "(no data.mdb to move)");
+	}
+	if (unlink(lock) < 0 && errno != ENOENT)
+		kvs_warn("cannot remove %s: %s", lock, strerror(errno));
+	kvs_err("L2 %s is corrupt (%s): moved data.mdb aside to %s, starting with an empty L2", l2->path, why, to);
+	l2->st.corrupt_recoveries++;
+	state_put(l2, offsetof(l2_state, fault), 0);
+	state_put(l2, offsetof(l2_state, strikes), 0);
+	return 0;
+}
+
+/* Opens the state file and decides from the last run's record whether the
+ * environment must be set aside: *ret_why says why (or stays NULL). Marks
+ * this run open. The state file is an aid: without it (an error opening it)
+ * the L2 works, without crash-loop detection. */
+static void state_open(kvs_l2 *l2, const char **ret_why, char *buf, size_t cap)
+{
+	char p[600];
+	snprintf(p, sizeof(p), "%s/" STATE_FILE, l2->path);
+	l2->state_fd = open(p, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+	if (l2->state_fd < 0) {
+		kvs_warn("cannot open %s: %s; no crash-loop detection for this L2", p, strerror(errno));
+		return;
+	}
+	l2_state prev, cur = {.magic = "KVL2RUN1", .open = 1};
+	if (pread(l2->state_fd, &prev, sizeof(prev), 0) != (ssize_t)sizeof(prev) ||
+	    memcmp(prev.magic, "KVL2RUN1", 8) != 0)
+		memset(&prev, 0, sizeof(prev)); /* a new environment, or an unreadable record */
+	/* what calls for a set-aside stays recorded until set_aside succeeds:
+	 * a start that dies (or fails) before that tries again */
+	cur.fault = prev.fault;
+	if (prev.fault == FAULT_LMDB) {
+		snprintf(buf, cap, "the previous run met LMDB errors that mean a damaged file");
+		*ret_why = buf;
+	} else if (prev.fault) {
+		snprintf(buf, cap, "the previous run died of %s inside L2 work", sig_name(prev.fault));
+		*ret_why = buf;
+	} else if (prev.open && prev.in_txn) {
+		cur.strikes = (uint8_t)(prev.strikes < 0xff ? prev.strikes + 1 : 0xff);
+		if (cur.strikes >= STRIKES_MAX) {
+			snprintf(buf, cap, "%u runs in a row died inside a write transaction, the last before committing any",
+				 (unsigned)cur.strikes);
+			*ret_why = buf;
+		} else {
+			kvs_warn("L2 %s: the previous run died inside a write transaction; kept (strike %u: the file is "
+				 "set aside when %u runs in a row die so, the later ones before committing any)",
+				 l2->path, (unsigned)cur.strikes, (unsigned)STRIKES_MAX);
+		}
+	} else if (prev.open) {
+		kvs_info("L2 %s: the previous run was not closed cleanly (outside L2 write work); kept", l2->path);
+	}
+	ssize_t w = pwrite(l2->state_fd, &cur, sizeof(cur), 0);
+	(void)w;
+}
+
+/* A clean close: not open, no transaction, no strikes — a recorded fault
+ * stays for the next open. */
+static void state_close(kvs_l2 *l2)
+{
+	if (l2->state_fd < 0)
+		return;
+	state_put(l2, offsetof(l2_state, in_txn), 0);
+	state_put(l2, offsetof(l2_state, strikes), 0);
+	state_put(l2, offsetof(l2_state, open), 0);
+	close(l2->state_fd);
+	l2->state_fd = -1;
+}
+
 /* ---- records ------------------------------------------------------------------ */
 
 /* Fingerprint of a value as found: its size and header bytes. */
@@ -240,7 +467,6 @@ static void drop_found(kvs_l2 *l2, const kvs_objkey *key, const MDB_val *v, int 
 		    : why == HDR_BAD ? "record of another format version or with a damaged header"
 				     : "checksum mismatch");
 }
-
 
 /* ---- metadata helpers (writer txn) ---------------------------------------- */
 
@@ -376,28 +602,75 @@ static int evict_to(kvs_l2 *l2, MDB_txn *txn, uint64_t *bytes, uint64_t *objects
 	return rc == MDB_NOTFOUND ? 0 : rc;
 }
 
+/* LMDB does not say where it mapped data.mdb: find the mapping. */
+static void find_map_base(kvs_l2 *l2, uint64_t mapsize)
+{
+	l2->map_base = NULL;
+	char want[600], line[1024], real[4096];
+	snprintf(want, sizeof(want), "%s/data.mdb", l2->path);
+	const char *w = realpath(want, real) ? real : want;
+	FILE *mf = fopen("/proc/self/maps", "r");
+	while (mf && fgets(line, sizeof(line), mf)) {
+		unsigned long lo, hi;
+		char path[4096] = "";
+		if (sscanf(line, "%lx-%lx %*s %*s %*s %*s %4095s", &lo, &hi, path) >= 2 && strcmp(path, w) == 0 &&
+		    (uint64_t)(hi - lo) >= mapsize) {
+			l2->map_base = (uint8_t *)lo;
+			break;
+		}
+	}
+	if (mf)
+		fclose(mf);
+}
+
 /* ---- writer ------------------------------------------------------------------- */
+
+/* Altstack for the fault handler on the writer and reader threads, so that
+ * even a stack overflow inside L2 work is noted. */
+static void *altstack_on(void)
+{
+	stack_t ss = {.ss_size = 64 << 10};
+	ss.ss_sp = malloc(ss.ss_size);
+	if (ss.ss_sp && sigaltstack(&ss, NULL) != 0) {
+		free(ss.ss_sp);
+		ss.ss_sp = NULL;
+	}
+	return ss.ss_sp;
+}
+
+static void altstack_off(void *sp)
+{
+	if (!sp)
+		return;
+	stack_t ss = {.ss_flags = SS_DISABLE};
+	sigaltstack(&ss, NULL);
+	free(sp);
+}
 
 /* One group commit: the batch's objects, pending stamps and drops. Returns 0
  * or an LMDB error (nothing of the batch committed). */
-static int write_batch(kvs_l2 *l2, l2_item *batch, uint32_t nb, const kvs_objkey *touches,
-		       uint32_t nt, const l2_drop *drops, uint32_t nd, uint64_t evict_target)
+static int write_batch(kvs_l2 *l2, l2_item *batch, uint32_t nb, const kvs_objkey *touches, uint32_t nt,
+		       const l2_drop *drops, uint32_t nd, uint64_t evict_target)
 {
+	uint64_t incoming = 0, incoming_pages = 0, evicted = 0;
+	uint32_t n_objects = 0;
+	for (uint32_t i = 0; i < nb; i++)
+		if (batch[i].op == KVS_L2_WRITE) {
+			incoming += HDR_BYTES + batch[i].len;
+			incoming_pages += obj_pages_bytes(l2, batch[i].len);
+			n_objects++;
+		}
 	MDB_txn *txn;
 	l2->n_evicted = 0;
 	int rc = mdb_txn_begin(l2->env, NULL, 0, &txn);
 	if (rc)
 		return rc;
+	work_enter(l2, true);
 	uint64_t bytes = meta_get(txn, l2->meta, "bytes");
 	uint64_t objects = meta_get(txn, l2->meta, "objects");
 	l2->clock = meta_get(txn, l2->meta, "clock");
-	uint64_t incoming = 0, incoming_pages = 0, evicted = 0;
-	for (uint32_t i = 0; i < nb; i++)
-		if (batch[i].op == KVS_L2_WRITE) {
-			incoming += HDR_BYTES + batch[i].len;
-			incoming_pages += obj_pages_bytes(l2, batch[i].len);
-		}
-	uint64_t high = l2->cfg.size / 100 * HIGH_PCT;
+	uint64_t size = l2->cfg.size;
+	uint64_t high = size / 100 * HIGH_PCT;
 	for (uint32_t i = 0; i < nd; i++) {
 		/* only the value the reader found: a record rewritten since stays */
 		MDB_val k = {sizeof(drops[i].key), (void *)&drops[i].key}, v;
@@ -420,9 +693,9 @@ static int write_batch(kvs_l2 *l2, l2_item *batch, uint32_t nb, const kvs_objkey
 	 * page count is what runs the map full (issue 16: small objects whose
 	 * pages cost 12 % more than their bytes wedged the map at 85 % bytes) */
 	uint64_t used = used_bytes(l2, txn);
-	if (bytes + incoming > high || used + incoming_pages > l2->cfg.size / 100 * PAGES_HIGH_PCT ||
-	    evict_target < bytes || evict_target < used) {
-		uint64_t target = l2->cfg.size / 100 * LOW_PCT, ptarget = l2->cfg.size / 100 * PAGES_LOW_PCT;
+	if (bytes + incoming > high || used + incoming_pages > size / 100 * PAGES_HIGH_PCT || evict_target < bytes ||
+	    evict_target < used) {
+		uint64_t target = size / 100 * LOW_PCT, ptarget = size / 100 * PAGES_LOW_PCT;
 		if (evict_target < target)
 			target = evict_target;
 		if (evict_target < ptarget)
@@ -473,27 +746,22 @@ static int write_batch(kvs_l2 *l2, l2_item *batch, uint32_t nb, const kvs_objkey
 				}
 				done += (uint64_t)w;
 			}
-			memcpy(v.mv_data, &h, HDR_BYTES);
-			bytes += HDR_BYTES + it->len;
-			objects++;
-			if ((rc = stamp(l2, txn, &it->key)) != 0)
+		} else {
+			XXH3_state_t *xs = XXH3_createState();
+			if (!xs) {
+				rc = ENOMEM;
 				goto abort;
-			continue;
+			}
+			XXH3_64bits_reset_withSeed(xs, seed);
+			for (uint64_t off = 0; off < it->len;) {
+				uint64_t n = it->len - off < (256u << 10) ? it->len - off : (256u << 10);
+				memcpy(dst + off, src + off, n);
+				XXH3_64bits_update(xs, dst + off, n);
+				off += n;
+			}
+			h.checksum = XXH3_64bits_digest(xs);
+			XXH3_freeState(xs);
 		}
-		XXH3_state_t *xs = XXH3_createState();
-		if (!xs) {
-			rc = ENOMEM;
-			goto abort;
-		}
-		XXH3_64bits_reset_withSeed(xs, seed);
-		for (uint64_t off = 0; off < it->len;) {
-			uint64_t n = it->len - off < (256u << 10) ? it->len - off : (256u << 10);
-			memcpy(dst + off, src + off, n);
-			XXH3_64bits_update(xs, dst + off, n);
-			off += n;
-		}
-		h.checksum = XXH3_64bits_digest(xs);
-		XXH3_freeState(xs);
 		memcpy(v.mv_data, &h, HDR_BYTES);
 		bytes += HDR_BYTES + it->len;
 		objects++;
@@ -503,7 +771,16 @@ static int write_batch(kvs_l2 *l2, l2_item *batch, uint32_t nb, const kvs_objkey
 	if ((rc = meta_put(txn, l2->meta, "bytes", bytes)) || (rc = meta_put(txn, l2->meta, "objects", objects)) ||
 	    (rc = meta_put(txn, l2->meta, "clock", l2->clock)))
 		goto abort;
-	if ((rc = mdb_txn_commit(txn)) != 0)
+	if (n_objects) {
+		int f = atomic_exchange(&l2->inject, KVS_L2_INJECT_NONE);
+		if (f == KVS_L2_INJECT_KILL)
+			raise(SIGKILL);
+		else if (f == KVS_L2_INJECT_SEGV)
+			raise(SIGSEGV);
+	}
+	rc = mdb_txn_commit(txn);
+	work_leave(l2, true, rc == 0);
+	if (rc)
 		return rc;
 	pthread_mutex_lock(&l2->mu);
 	l2->st.bytes = bytes;
@@ -525,12 +802,16 @@ static int write_batch(kvs_l2 *l2, l2_item *batch, uint32_t nb, const kvs_objkey
 	return 0;
 abort:
 	mdb_txn_abort(txn);
+	work_leave(l2, true, false);
 	return rc;
 }
 
 static void *writer_main(void *arg)
 {
 	kvs_l2 *l2 = arg;
+	void *alt = altstack_on();
+	tl_l2_thread = true; /* a fault anywhere on this thread is noted */
+	tl_state_fd = l2->state_fd;
 	l2_item *batch = calloc(l2->cfg.batch_max, sizeof(*batch));
 	l2_item **orig = calloc(l2->cfg.batch_max, sizeof(*orig));
 	kvs_objkey *touches = calloc(MAX_TOUCHES, sizeof(*touches));
@@ -541,6 +822,7 @@ static void *writer_main(void *arg)
 		free(orig);
 		free(touches);
 		free(drops);
+		altstack_off(alt);
 		return NULL;
 	}
 	pthread_mutex_lock(&l2->mu);
@@ -591,9 +873,11 @@ static void *writer_main(void *arg)
 			write_batch(l2, NULL, 0, NULL, 0, NULL, 0, UINT64_MAX);
 			rc = write_batch(l2, batch, nb, touches, nt, drops, nd, UINT64_MAX);
 		}
-		if (rc)
+		if (rc) {
+			note_lmdb_error(l2, rc, "group commit");
 			kvs_warn_rl(&l2->rl_commit, "L2 %s: group commit of %u objects failed: %s", l2->path, nb,
 				    mdb_strerror(rc));
+		}
 
 		pthread_mutex_lock(&l2->mu);
 		l2->st.write_batches++;
@@ -617,17 +901,38 @@ static void *writer_main(void *arg)
 	free(orig);
 	free(touches);
 	free(drops);
+	altstack_off(alt);
 	return NULL;
 }
 
 /* ---- reader ------------------------------------------------------------------- */
 
+/* A read transaction on a thread other than the writer: marks L2 work for
+ * the fault handler. */
+static int rtxn_begin(kvs_l2 *l2, MDB_txn **txn)
+{
+	int rc = mdb_txn_begin(l2->env, NULL, MDB_RDONLY, txn);
+	if (rc)
+		return rc;
+	work_enter(l2, false);
+	return 0;
+}
+
+static void rtxn_end(kvs_l2 *l2, MDB_txn *txn)
+{
+	mdb_txn_abort(txn);
+	work_leave(l2, false, false);
+}
+
 static int read_one(kvs_l2 *l2, MDB_txn *txn, l2_item *it)
 {
 	MDB_val k = {sizeof(it->key), &it->key}, v;
 	int rc = mdb_get(txn, l2->obj, &k, &v);
-	if (rc)
+	if (rc) {
+		if (rc != MDB_NOTFOUND)
+			note_lmdb_error(l2, rc, "read");
 		return KVS_E_MISS;
+	}
 	l2_hdr h;
 	int c = check_hdr(&v, &it->key, it->geom, &h);
 	if (c == HDR_BAD || c == HDR_KEY) {
@@ -664,6 +969,9 @@ static int read_one(kvs_l2 *l2, MDB_txn *txn, l2_item *it)
 static void *reader_main(void *arg)
 {
 	kvs_l2 *l2 = arg;
+	void *alt = altstack_on();
+	tl_l2_thread = true;
+	tl_state_fd = l2->state_fd;
 	pthread_mutex_lock(&l2->mu);
 	for (;;) {
 		while (!l2->rq.n && !l2->stop)
@@ -673,10 +981,10 @@ static void *reader_main(void *arg)
 		l2_item *it = list_pop(&l2->rq);
 		pthread_mutex_unlock(&l2->mu);
 		MDB_txn *txn;
-		int r = mdb_txn_begin(l2->env, NULL, MDB_RDONLY, &txn);
+		int r = rtxn_begin(l2, &txn);
 		if (r == 0) {
 			r = read_one(l2, txn, it);
-			mdb_txn_abort(txn);
+			rtxn_end(l2, txn);
 		} else {
 			r = KVS_E_MISS;
 		}
@@ -688,97 +996,171 @@ static void *reader_main(void *arg)
 		signal_owner(l2);
 	}
 	pthread_mutex_unlock(&l2->mu);
+	altstack_off(alt);
 	return NULL;
 }
 
-/* ---- owner API ----------------------------------------------------------------- */
+/* ---- open and close ------------------------------------------------------------- */
+
+/* Reads the environment's structure without writing: the four databases
+ * exist (or none, in a new environment) and the first and last entries of
+ * each can be reached. LMDB asserts and aborts when a *write* meets some
+ * damaged pages, so this runs before the first write transaction. */
+static int env_check(kvs_l2 *l2)
+{
+	static const char *names[4] = {"obj", "lru", "atime", "meta"};
+	MDB_txn *txn;
+	int rc = mdb_txn_begin(l2->env, NULL, MDB_RDONLY, &txn);
+	if (rc)
+		return rc;
+	MDB_dbi main;
+	MDB_stat ms;
+	if ((rc = mdb_dbi_open(txn, NULL, 0, &main)) || (rc = mdb_stat(txn, main, &ms)))
+		goto out;
+	int found = 0;
+	for (int i = 0; i < 4 && !rc; i++) {
+		MDB_dbi d;
+		MDB_cursor *cur;
+		MDB_val k, v;
+		int r = mdb_dbi_open(txn, names[i], 0, &d);
+		if (r == MDB_NOTFOUND)
+			continue;
+		if (r || (r = mdb_cursor_open(txn, d, &cur))) {
+			rc = r;
+			break;
+		}
+		found++;
+		if ((r = mdb_cursor_get(cur, &k, &v, MDB_FIRST)) == 0)
+			r = mdb_cursor_get(cur, &k, &v, MDB_LAST);
+		mdb_cursor_close(cur);
+		if (r && r != MDB_NOTFOUND)
+			rc = r;
+	}
+	/* the four are created together: some missing, or none in a main
+	 * database that has entries, is not an environment of ours intact */
+	if (!rc && found != 4 && (found || ms.ms_entries))
+		rc = MDB_CORRUPTED;
+out:
+	mdb_txn_abort(txn);
+	return rc;
+}
+
+/* Creates the environment handle, opens data.mdb, checks it and opens the
+ * databases; on failure nothing stays open. */
+static int env_open(kvs_l2 *l2)
+{
+	int rc;
+	if ((rc = mdb_env_create(&l2->env)) != 0)
+		return rc;
+	mdb_env_set_maxdbs(l2->env, 4);
+	mdb_env_set_maxreaders(l2->env, 64);
+	if ((rc = mdb_env_set_mapsize(l2->env, l2->cfg.size + l2->cfg.size / 100 * RESERVE_PCT)) != 0)
+		goto fail;
+	/* WRITEMAP: MDB_RESERVE hands out space straight in the map, so an
+	 * object is copied once, from L1 into the page cache */
+	unsigned flags = MDB_NOTLS | MDB_NORDAHEAD | MDB_WRITEMAP;
+	if (l2->cfg.sync == KVS_L2_SYNC_NOMETA)
+		flags |= MDB_NOMETASYNC;
+	else if (l2->cfg.sync == KVS_L2_SYNC_NONE)
+		flags |= MDB_NOSYNC;
+	work_enter(l2, false); /* a fault from here on is noted */
+	if ((rc = mdb_env_open(l2->env, l2->path, flags, 0600)) != 0)
+		goto fail;
+	MDB_stat est;
+	mdb_env_stat(l2->env, &est);
+	l2->psize = est.ms_psize ? est.ms_psize : 4096;
+	int dead = 0;
+	mdb_reader_check(l2->env, &dead); /* slots of a killed earlier process */
+	if ((rc = env_check(l2)) != 0)
+		goto fail;
+	MDB_txn *txn;
+	if ((rc = mdb_txn_begin(l2->env, NULL, 0, &txn)) != 0)
+		goto fail;
+	work_enter(l2, true);
+	if ((rc = mdb_dbi_open(txn, "obj", MDB_CREATE, &l2->obj)) ||
+	    (rc = mdb_dbi_open(txn, "lru", MDB_CREATE, &l2->lru)) ||
+	    (rc = mdb_dbi_open(txn, "atime", MDB_CREATE, &l2->atime)) ||
+	    (rc = mdb_dbi_open(txn, "meta", MDB_CREATE, &l2->meta))) {
+		mdb_txn_abort(txn);
+		work_leave(l2, true, false);
+		goto fail;
+	}
+	l2->st.bytes = meta_get(txn, l2->meta, "bytes");
+	l2->st.objects = meta_get(txn, l2->meta, "objects");
+	l2->clock = meta_get(txn, l2->meta, "clock");
+	rc = mdb_txn_commit(txn);
+	/* not a commit of the run's work: the strikes stay until the writer's */
+	work_leave(l2, true, false);
+	if (rc)
+		goto fail;
+	work_leave(l2, false, false);
+	return 0;
+fail:
+	work_leave(l2, false, false);
+	mdb_env_close(l2->env);
+	l2->env = NULL;
+	return rc;
+}
 
 int kvs_l2_open(const kvs_l2_config *cfg, kvs_l2 **ret)
 {
+	static pthread_once_t once = PTHREAD_ONCE_INIT;
+	pthread_once(&once, install_fatal);
 	int rc;
 	kvs_l2 *l2 = calloc(1, sizeof(*l2));
 	if (!l2)
 		return -ENOMEM;
 	l2->cfg = *cfg;
 	l2->ready.done = l2_ready;
-	l2->rl_commit.interval_ms = l2->rl_bad.interval_ms = KVS_RATELIMIT_MS;
+	l2->state_fd = -1;
+	l2->fd = -1;
 	if (!l2->cfg.batch_max)
 		l2->cfg.batch_max = 256;
 	if (!l2->cfg.queue_max)
 		l2->cfg.queue_max = 4096;
 	snprintf(l2->path, sizeof(l2->path), "%s", cfg->path);
 	pthread_mutex_init(&l2->mu, NULL);
+	pthread_mutex_init(&l2->state_mu, NULL);
 	pthread_cond_init(&l2->wcv, NULL);
 	pthread_cond_init(&l2->rcv, NULL);
+	l2->rl_commit.interval_ms = l2->rl_bad.interval_ms = l2->rl_corrupt.interval_ms = KVS_RATELIMIT_MS;
 	l2->touches = calloc(MAX_TOUCHES, sizeof(*l2->touches));
 	l2->drops = calloc(MAX_TOUCHES, sizeof(*l2->drops));
 	if (!l2->touches || !l2->drops) {
 		rc = -ENOMEM;
 		goto err_free;
 	}
+	struct stat sb;
 	if (mkdir(cfg->path, 0700) < 0 && errno != EEXIST) {
 		rc = -errno;
 		kvs_err("cannot create %s: %s", cfg->path, strerror(errno));
 		goto err_free;
 	}
-	if ((rc = mdb_env_create(&l2->env)) != 0)
-		goto err_lmdb;
-	mdb_env_set_maxdbs(l2->env, 4);
-	mdb_env_set_maxreaders(l2->env, 64);
-	if ((rc = mdb_env_set_mapsize(l2->env, cfg->size + cfg->size / 100 * RESERVE_PCT)) != 0)
-		goto err_env;
-	/* WRITEMAP: MDB_RESERVE hands out space straight in the map, so an
-	 * object is copied once, from L1 into the page cache */
-	unsigned flags = MDB_NOTLS | MDB_NORDAHEAD | MDB_WRITEMAP;
-	if (cfg->sync == KVS_L2_SYNC_NOMETA)
-		flags |= MDB_NOMETASYNC;
-	else if (cfg->sync == KVS_L2_SYNC_NONE)
-		flags |= MDB_NOSYNC;
-	if ((rc = mdb_env_open(l2->env, cfg->path, flags, 0600)) != 0)
-		goto err_env;
-	MDB_stat est;
-	mdb_env_stat(l2->env, &est);
-	l2->psize = est.ms_psize ? est.ms_psize : 4096;
-	int dead = 0;
-	mdb_reader_check(l2->env, &dead); /* slots of a killed earlier process */
-	MDB_txn *txn;
-	if ((rc = mdb_txn_begin(l2->env, NULL, 0, &txn)) != 0)
-		goto err_env;
-	if ((rc = mdb_dbi_open(txn, "obj", MDB_CREATE, &l2->obj)) ||
-	    (rc = mdb_dbi_open(txn, "lru", MDB_CREATE, &l2->lru)) ||
-	    (rc = mdb_dbi_open(txn, "atime", MDB_CREATE, &l2->atime)) ||
-	    (rc = mdb_dbi_open(txn, "meta", MDB_CREATE, &l2->meta))) {
-		mdb_txn_abort(txn);
-		goto err_env;
+	rc = stat(cfg->path, &sb) < 0 ? -errno : !S_ISDIR(sb.st_mode) ? -ENOTDIR : 0;
+	if (rc) {
+		kvs_err("cannot open L2 at %s: %s", cfg->path, strerror(-rc));
+		goto err_free;
 	}
-	l2->st.bytes = meta_get(txn, l2->meta, "bytes");
-	l2->st.objects = meta_get(txn, l2->meta, "objects");
-	l2->clock = meta_get(txn, l2->meta, "clock");
-	if ((rc = mdb_txn_commit(txn)) != 0)
-		goto err_env;
+	/* a corrupt environment never crash-loops: set it aside when the last
+	 * run(s) died in L2 work, or when it fails to open as damaged */
+	const char *why = NULL;
+	char whybuf[200];
+	state_open(l2, &why, whybuf, sizeof(whybuf));
+	if (why && (rc = set_aside(l2, why)) != 0)
+		goto err_free;
+	rc = env_open(l2);
+	if (rc && corrupt_err(rc) && !l2->st.corrupt_recoveries) {
+		snprintf(whybuf, sizeof(whybuf), "opening it failed: %s", mdb_strerror(rc));
+		if ((rc = set_aside(l2, whybuf)) != 0)
+			goto err_free;
+		rc = env_open(l2);
+	}
+	if (rc)
+		goto err_lmdb;
 	MDB_envinfo info;
 	mdb_env_info(l2->env, &info);
-	l2->st.map_size = cfg->size;
-	/* LMDB does not say where it mapped data.mdb: find the mapping */
-	l2->map_base = NULL;
-	if (mdb_env_get_fd(l2->env, &l2->fd) == 0) {
-		char want[600], line[1024];
-		snprintf(want, sizeof(want), "%s/data.mdb", cfg->path);
-		char real[4096];
-		const char *w = realpath(want, real) ? real : want;
-		FILE *mf = fopen("/proc/self/maps", "r");
-		while (mf && fgets(line, sizeof(line), mf)) {
-			unsigned long lo, hi;
-			char path[4096] = "";
-			if (sscanf(line, "%lx-%lx %*s %*s %*s %*s %4095s", &lo, &hi, path) >= 2 && strcmp(path, w) == 0 &&
-			    (uint64_t)(hi - lo) >= info.me_mapsize) {
-				l2->map_base = (uint8_t *)lo;
-				break;
-			}
-		}
-		if (mf)
-			fclose(mf);
-	}
+	if (mdb_env_get_fd(l2->env, &l2->fd) == 0)
+		find_map_base(l2, info.me_mapsize);
 	/* an existing environment may be larger: its capacity is its map less
 	 * the reserve */
 	if (info.me_mapsize > cfg->size + cfg->size / 100 * RESERVE_PCT + l2->psize)
@@ -810,14 +1192,20 @@ int kvs_l2_open(const kvs_l2_config *cfg, kvs_l2 **ret)
 
 err_env:
 	mdb_env_close(l2->env);
+	goto err_state;
 err_lmdb:
 	kvs_err("cannot open L2 at %s: %s", cfg->path, mdb_strerror(rc));
 	rc = lmdb_err(rc);
+err_state:
+	state_close(l2);
 err_free:
+	if (l2->state_fd >= 0)
+		close(l2->state_fd);
 	free(l2->touches);
 	free(l2->drops);
 	pthread_cond_destroy(&l2->wcv);
 	pthread_cond_destroy(&l2->rcv);
+	pthread_mutex_destroy(&l2->state_mu);
 	pthread_mutex_destroy(&l2->mu);
 	free(l2);
 	return rc;
@@ -840,24 +1228,29 @@ void kvs_l2_close(kvs_l2 *l2)
 	while ((it = list_pop(&l2->done)) != NULL)
 		free(it);
 	mdb_env_close(l2->env);
+	state_close(l2);
 	free(l2->touches);
 	free(l2->evicted);
 	free(l2->drops);
 	pthread_cond_destroy(&l2->wcv);
 	pthread_cond_destroy(&l2->rcv);
+	pthread_mutex_destroy(&l2->state_mu);
 	pthread_mutex_destroy(&l2->mu);
 	free(l2);
 }
 
+/* ---- owner API ----------------------------------------------------------------- */
+
 int kvs_l2_contains(kvs_l2 *l2, const kvs_objkey *key, uint64_t geom, uint64_t *ret_len)
 {
 	MDB_txn *txn;
-	if (mdb_txn_begin(l2->env, NULL, MDB_RDONLY, &txn) != 0)
+	if (rtxn_begin(l2, &txn) != 0)
 		return KVS_E_MISS;
 	MDB_val k = {sizeof(*key), (void *)key}, v;
 	l2_hdr h;
 	int r = KVS_E_MISS;
-	if (mdb_get(txn, l2->obj, &k, &v) == 0) {
+	int rc = mdb_get(txn, l2->obj, &k, &v);
+	if (rc == 0) {
 		int c = check_hdr(&v, key, geom, &h);
 		if (c == HDR_OK) {
 			if (ret_len)
@@ -871,8 +1264,10 @@ int kvs_l2_contains(kvs_l2 *l2, const kvs_objkey *key, uint64_t geom, uint64_t *
 		} else {
 			drop_found(l2, key, &v, c);
 		}
+	} else if (rc != MDB_NOTFOUND) {
+		note_lmdb_error(l2, rc, "presence check");
 	}
-	mdb_txn_abort(txn);
+	rtxn_end(l2, txn);
 	return r;
 }
 
@@ -945,7 +1340,7 @@ int kvs_l2_get_meta(kvs_l2 *l2, const void *key, uint32_t klen, void *buf, uint3
 	uint8_t mk[2 + 64] = {'m', ':'};
 	memcpy(mk + 2, key, klen);
 	MDB_txn *txn;
-	if (mdb_txn_begin(l2->env, NULL, MDB_RDONLY, &txn) != 0)
+	if (rtxn_begin(l2, &txn) != 0)
 		return KVS_E_MISS;
 	MDB_val k = {2 + klen, mk}, v;
 	int r = KVS_E_MISS;
@@ -955,7 +1350,7 @@ int kvs_l2_get_meta(kvs_l2 *l2, const void *key, uint32_t klen, void *buf, uint3
 		*ret_len = (uint32_t)v.mv_size;
 		r = 0;
 	}
-	mdb_txn_abort(txn);
+	rtxn_end(l2, txn);
 	return r;
 }
 
@@ -986,14 +1381,18 @@ int kvs_l2_clear(kvs_l2 *l2)
 	int rc = mdb_txn_begin(l2->env, NULL, 0, &txn);
 	if (rc)
 		return lmdb_err(rc);
+	work_enter(l2, true);
 	if ((rc = mdb_drop(txn, l2->obj, 0)) || (rc = mdb_drop(txn, l2->lru, 0)) ||
 	    (rc = mdb_drop(txn, l2->atime, 0)) || (rc = meta_put(txn, l2->meta, "bytes", 0)) ||
-	    (rc = meta_put(txn, l2->meta, "objects", 0))) {
+	    (rc = meta_put(txn, l2->meta, "objects", 0)))
 		mdb_txn_abort(txn);
+	else
+		rc = mdb_txn_commit(txn);
+	work_leave(l2, true, rc == 0);
+	if (rc) {
+		note_lmdb_error(l2, rc, "clear");
 		return lmdb_err(rc);
 	}
-	if ((rc = mdb_txn_commit(txn)) != 0)
-		return lmdb_err(rc);
 	pthread_mutex_lock(&l2->mu);
 	l2->st.bytes = l2->st.objects = 0;
 	pthread_mutex_unlock(&l2->mu);
@@ -1010,3 +1409,5 @@ void kvs_l2_get_stats(kvs_l2 *l2, kvs_l2_stats *st)
 }
 
 const char *kvs_l2_path(const kvs_l2 *l2) { return l2->path; }
+
+void kvs__l2_inject(kvs_l2 *l2, int what) { atomic_store(&l2->inject, what); }

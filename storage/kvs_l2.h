@@ -25,7 +25,16 @@
  *
  * Crash safety: LMDB is copy-on-write with two meta pages, so after a crash
  * (kill -9) the environment opens at the last committed transaction. What
- * a *power loss* may lose depends on the sync policy (see kvs_l2_sync). */
+ * a *power loss* may lose depends on the sync policy (see kvs_l2_sync). A
+ * corrupt environment never crash-loops: an open that fails with an LMDB
+ * corruption error, a previous run that died of a fatal signal inside L2 work,
+ * or two consecutive runs that died inside a write transaction (the second
+ * before committing any) make kvs_l2_open move data.mdb aside
+ * (data.mdb.corrupt-<UTC time>) and start empty (docs/architecture.md §6).
+ * For that, kvs_l2_open installs (once per process) a handler for SIGSEGV,
+ * SIGBUS, SIGILL, SIGFPE and SIGABRT that notes the signal in <path>/l2.state
+ * when it hits a thread inside L2 work, then hands the signal to the handler
+ * installed before it (or the default action). */
 #ifndef KVS_L2_H
 #define KVS_L2_H
 
@@ -66,8 +75,12 @@ void kvs_l2_config_defaults(kvs_l2_config *cfg);
 typedef struct kvs_l2 kvs_l2;
 
 /* Opens (or creates) the environment and starts the writer and reader
- * threads. No scan: an existing environment serves immediately.
- * Returns 0, -errno, or an LMDB error (see kvs_strerror). */
+ * threads. No scan: an existing environment serves immediately. A corrupt
+ * one (see "Crash safety" above) is moved aside, logged at error level and
+ * counted (corrupt_recoveries), and the open goes on with an empty one.
+ * Returns 0, -errno, or an LMDB error (see kvs_strerror): the directory
+ * cannot be used, the corrupt file cannot be moved, or even a fresh
+ * environment fails to open. */
 int kvs_l2_open(const kvs_l2_config *cfg, kvs_l2 **ret);
 /* Finishes queued writes (bounded by the queue), stops the threads, closes the
  * environment. Completions not yet reaped are discarded: the owner must have
@@ -122,6 +135,7 @@ typedef struct kvs_l2_stats {
 	uint64_t reads, read_misses, checksum_failures, header_mismatches;
 	uint64_t key_mismatches;                 /* records found under another object's key (deleted, never served) */
 	uint64_t evictions, map_full_retries;
+	uint64_t corrupt_recoveries;             /* times open moved a corrupt data.mdb aside (0 or 1 per open) */
 	uint64_t queue_depth, queue_bytes;
 	uint64_t writes_committed;               /* monotonic, in queue order */
 } kvs_l2_stats;
@@ -129,5 +143,12 @@ void kvs_l2_get_stats(kvs_l2 *l2, kvs_l2_stats *st);
 
 /* The environment directory (data.mdb lives inside). */
 const char *kvs_l2_path(const kvs_l2 *l2);
+
+/* Test hook (tests/unit/test_l2.c): the writer's next transaction that writes
+ * objects dies inside the transaction, after its puts and before its commit —
+ * KVS_L2_INJECT_KILL by SIGKILL (as a kill -9 would), KVS_L2_INJECT_SEGV by
+ * SIGSEGV (as a fault on a corrupt page would). */
+enum { KVS_L2_INJECT_NONE, KVS_L2_INJECT_KILL, KVS_L2_INJECT_SEGV };
+void kvs__l2_inject(kvs_l2 *l2, int what);
 
 #endif

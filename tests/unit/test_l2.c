@@ -4,14 +4,18 @@
  * a corrupted data file, records bound to their key (swapped overflow-page
  * pointers, records put under another key, format version 1), the drop-oldest
  * write queue (made deterministic by a second process holding LMDB's write
- * lock), clear, close draining the queue, and the rate limit of repeated log
- * lines. Every test works in its own temporary directory. */
+ * lock), clear, close draining the queue, corrupt environments set aside at
+ * open and deaths inside L2 work (child processes killed or faulting), and the
+ * rate limit of repeated log lines. Every test works in its own temporary
+ * directory. */
 #include <check.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
 #include <lmdb.h>
 #include <poll.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -1593,6 +1597,410 @@ START_TEST(queue_overflow_stress)
 }
 END_TEST
 
+/* ---- corrupt environments and crash loops ----------------------------------- */
+
+/* Files named data.mdb.corrupt-* in dir; the first one's size in *ret_size. */
+static int count_aside(const char *dir, off_t *ret_size)
+{
+	DIR *d = opendir(dir);
+	ck_assert_ptr_nonnull(d);
+	int n = 0;
+	struct dirent *e;
+	while ((e = readdir(d)) != NULL) {
+		if (strncmp(e->d_name, "data.mdb.corrupt-", 17) != 0)
+			continue;
+		if (n++ == 0 && ret_size) {
+			char p[400];
+			struct stat sb;
+			snprintf(p, sizeof(p), "%s/%s", dir, e->d_name);
+			ck_assert_int_eq(stat(p, &sb), 0);
+			*ret_size = sb.st_size;
+		}
+	}
+	closedir(d);
+	return n;
+}
+
+/* Writes n objects of 40 KiB (seeds from seed) and closes. */
+static void fill_env(fx *f, uint32_t n, uint8_t ns)
+{
+	fx_open(f);
+	uint8_t *a = malloc(40000);
+	ck_assert_ptr_nonnull(a);
+	for (uint32_t i = 0; i < n; i++) {
+		fill(a, 40000, 7000 + i);
+		kvs_objkey k = mkkey(i, ns);
+		put(f, &k, a, 40000);
+	}
+	free(a);
+	fx_close(f);
+}
+
+/* After a recovery: nothing of the old environment, and the new one works
+ * (and survives a clean reopen without another recovery). */
+static void expect_recovered(fx *f, uint8_t ns)
+{
+	kvs_l2_stats st = stats(f);
+	ck_assert_uint_eq(st.corrupt_recoveries, 1);
+	ck_assert_uint_eq(st.objects, 0);
+	ck_assert_uint_eq(st.bytes, 0);
+	ck_assert_int_eq(count_aside(f->dir, NULL), 1);
+	kvs_objkey k0 = mkkey(0, ns), kn = mkkey(1000, ns);
+	contains_len(f, &k0, GEOM, KVS_E_MISS);
+	uint8_t *a = mkdata(30000, 7777);
+	put(f, &kn, a, 30000);
+	get(f, &kn, GEOM, 30000, a, 0);
+	fx_close(f);
+	fx_open(f);
+	ck_assert_uint_eq(stats(f).corrupt_recoveries, 0);
+	ck_assert_int_eq(count_aside(f->dir, NULL), 1);
+	get(f, &kn, GEOM, 30000, a, 0);
+	free(a);
+}
+
+/* A corrupt environment that fails to open (issue 16 #3): garbage over its
+ * B-tree pages, a truncated file, garbage over both meta pages. The open
+ * sets it aside and starts empty, counted once. */
+START_TEST(corrupt_env_set_aside)
+{
+	const int mode = _i;
+	fx f;
+	fx_init(&f, 64 * MIB);
+	fill_env(&f, 40, 0x16);
+	char path[256];
+	snprintf(path, sizeof(path), "%s/data.mdb", f.dir);
+	size_t size;
+	uint8_t *buf = read_file(path, &size);
+	int fd = open(path, O_RDWR);
+	ck_assert_int_ge(fd, 0);
+	const size_t ps = 4096;
+	int pages = 0;
+	if (mode == 0) {
+		/* every branch and leaf page (its header names its own number
+		 * and the branch or leaf flag) overwritten with garbage */
+		uint8_t *g = mkdata(ps, 99);
+		for (size_t pg = 2; pg < size / ps; pg++) {
+			uint64_t no;
+			uint16_t flags;
+			memcpy(&no, buf + pg * ps, 8);
+			memcpy(&flags, buf + pg * ps + 10, 2);
+			if (no == pg && (flags & 0x03)) {
+				ck_assert_int_eq(pwrite(fd, g, ps, (off_t)(pg * ps)), (ssize_t)ps);
+				pages++;
+			}
+		}
+		free(g);
+		ck_assert_int_gt(pages, 3);
+	} else if (mode == 1) {
+		ck_assert_int_eq(ftruncate(fd, 3 * ps), 0); /* the meta pages and one more */
+	} else {
+		uint8_t *g = mkdata(2 * ps, 98);
+		ck_assert_int_eq(pwrite(fd, g, 2 * ps, 0), (ssize_t)(2 * ps));
+		free(g);
+	}
+	close(fd);
+	free(buf);
+	struct stat before;
+	ck_assert_int_eq(stat(path, &before), 0);
+	fx_open(&f);
+	off_t aside = 0;
+	ck_assert_int_eq(count_aside(f.dir, &aside), 1);
+	/* moved, not rewritten (a truncated file: LMDB extended it to the map
+	 * before it failed) */
+	if (mode != 1)
+		ck_assert_int_eq(aside, before.st_size);
+	expect_recovered(&f, 0x16);
+	fx_done(&f);
+}
+END_TEST
+
+/* ---- deaths inside L2 work: child processes --------------------------------- */
+
+/* A child process owns its own L2 (opened after the fork) and reports
+ * through its exit status; it never returns into Check. */
+static int child_put(kvs_l2 *l2, int efd, uint32_t id, uint8_t ns)
+{
+	uint8_t *a = malloc(40000);
+	if (!a)
+		return -1;
+	fill(a, 40000, 7000 + id);
+	kvs_objkey k = mkkey(id, ns);
+	if (kvs_l2_write(l2, &k, GEOM, a, 40000, NULL) != 0)
+		return -1;
+	kvs_l2_done d;
+	for (;;) {
+		if (kvs_l2_reap(l2, &d, 1) == 1)
+			break;
+		struct pollfd p = {.fd = efd, .events = POLLIN};
+		if (poll(&p, 1, WAIT_MS) <= 0)
+			return -1;
+		uint64_t v;
+		if (read(efd, &v, sizeof(v)) < 0)
+			return -1;
+	}
+	free(a);
+	return d.result;
+}
+
+enum { DIE_KILL_IDLE, DIE_KILL_IN_TXN, DIE_SEGV_IN_TXN, DIE_SEGV_ELSEWHERE };
+
+/* Forks a child that opens the L2 at f's directory, writes objects first..
+ * first+n-1 (each committed), then dies as `how` says; waits for it.
+ * DIE_KILL_IDLE: the parent kills it (SIGKILL) while its writer is idle.
+ * Returns the wait status. */
+static int child_run(fx *f, uint32_t first, uint32_t n, int how)
+{
+	int pfd[2];
+	ck_assert_int_eq(pipe(pfd), 0);
+	pid_t pid = fork();
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) {
+		close(pfd[0]);
+		kvs_l2 *l2;
+		if (kvs_l2_open(&f->cfg, &l2) != 0)
+			_exit(10);
+		for (uint32_t i = first; i < first + n; i++)
+			if (child_put(l2, f->efd, i, 0x17) != 0)
+				_exit(11);
+		switch (how) {
+		case DIE_KILL_IDLE: {
+			char c = 'R';
+			if (write(pfd[1], &c, 1) != 1)
+				_exit(12);
+			for (;;)
+				pause();
+		}
+		case DIE_KILL_IN_TXN:
+		case DIE_SEGV_IN_TXN:
+			if (how == DIE_SEGV_IN_TXN)
+				fprintf(stderr, "test_l2: child %d: a deliberate SIGSEGV in the L2 writer follows\n",
+					(int)getpid());
+			kvs__l2_inject(l2, how == DIE_KILL_IN_TXN ? KVS_L2_INJECT_KILL : KVS_L2_INJECT_SEGV);
+			child_put(l2, f->efd, 9999, 0x17);
+			_exit(13); /* not reached: the writer died inside the transaction */
+		case DIE_SEGV_ELSEWHERE:
+			fprintf(stderr, "test_l2: child %d: a deliberate SIGSEGV on the main thread follows\n",
+				(int)getpid());
+			raise(SIGSEGV); /* the main thread, in no L2 work */
+			_exit(14);
+		}
+		_exit(15);
+	}
+	close(pfd[1]);
+	if (how == DIE_KILL_IDLE) {
+		char c = 0;
+		ck_assert_int_eq(read(pfd[0], &c, 1), 1);
+		ck_assert_int_eq(c, 'R');
+		ck_assert_int_eq(kill(pid, SIGKILL), 0);
+	}
+	close(pfd[0]);
+	int status;
+	ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+	/* a death, not an exit through a failed step (under ASan a SIGSEGV
+	 * ends in ASan's report and exit status 1) */
+	ck_assert_msg(WIFSIGNALED(status) || (how >= DIE_SEGV_IN_TXN && WIFEXITED(status) && WEXITSTATUS(status) == 1),
+		      "child status %#x", status);
+	if (WIFSIGNALED(status) && how != DIE_SEGV_IN_TXN && how != DIE_SEGV_ELSEWHERE)
+		ck_assert_int_eq(WTERMSIG(status), SIGKILL);
+	return status;
+}
+
+static bool has17(fx *f, uint32_t id)
+{
+	kvs_objkey k = mkkey(id, 0x17);
+	uint64_t len = 0;
+	int rc = kvs_l2_contains(f->l2, &k, GEOM, &len);
+	ck_assert(rc == 0 || rc == KVS_E_MISS);
+	return rc == 0;
+}
+
+/* An ordinary kill -9 (outside any write transaction) never sets the
+ * environment aside, however often it happens in a row. */
+START_TEST(healthy_kill_keeps_data)
+{
+	fx f;
+	fx_init(&f, 64 * MIB);
+	/* runs that write, and runs that only open (no commit of theirs
+	 * vouches for the file), killed while idle */
+	static const uint32_t first[] = {0, 3, 3, 3, 6, 6}, n[] = {3, 0, 0, 3, 0, 0};
+	for (uint32_t round = 0; round < 6; round++)
+		child_run(&f, first[round], n[round], DIE_KILL_IDLE);
+	fx_open(&f);
+	kvs_l2_stats st = stats(&f);
+	ck_assert_uint_eq(st.corrupt_recoveries, 0);
+	ck_assert_uint_eq(st.objects, 6);
+	ck_assert_int_eq(count_aside(f.dir, NULL), 0);
+	uint8_t *a = malloc(40000);
+	ck_assert_ptr_nonnull(a);
+	for (uint32_t i = 0; i < 6; i++) {
+		fill(a, 40000, 7000 + i);
+		kvs_objkey k = mkkey(i, 0x17);
+		get(&f, &k, GEOM, 40000, a, 0);
+	}
+	free(a);
+	fx_done(&f);
+}
+END_TEST
+
+/* A fatal signal outside L2 work (the main thread, idle L2) is an ordinary
+ * death too: kept. */
+START_TEST(segv_elsewhere_keeps_data)
+{
+	fx f;
+	fx_init(&f, 64 * MIB);
+	child_run(&f, 0, 2, DIE_SEGV_ELSEWHERE);
+	fx_open(&f);
+	ck_assert_uint_eq(stats(&f).corrupt_recoveries, 0);
+	ck_assert(has17(&f, 0) && has17(&f, 1));
+	ck_assert_int_eq(count_aside(f.dir, NULL), 0);
+	fx_done(&f);
+}
+END_TEST
+
+/* Issue 16 #3: a SIGSEGV inside L2 work (as in mdb_put on a corrupt page)
+ * must not happen again at the next start: that start sets the file aside. */
+START_TEST(segv_in_l2_work_sets_aside)
+{
+	fx f;
+	fx_init(&f, 64 * MIB);
+	child_run(&f, 0, 3, DIE_SEGV_IN_TXN);
+	fx_open(&f);
+	ck_assert(!has17(&f, 0));
+	expect_recovered(&f, 0x17);
+	fx_done(&f);
+}
+END_TEST
+
+/* Deaths inside a write transaction without a recorded signal (SIGKILL
+ * there, or anything the handler cannot see): the first is kept; a second
+ * in a row, in a run that committed nothing, sets the file aside. */
+START_TEST(kill_in_txn_twice_sets_aside)
+{
+	fx f;
+	fx_init(&f, 64 * MIB);
+	child_run(&f, 0, 2, DIE_KILL_IN_TXN); /* committed 0 and 1, died writing 9999 */
+	child_run(&f, 0, 0, DIE_KILL_IN_TXN); /* kept (strike 1), died in its first transaction */
+	fx_open(&f);
+	ck_assert(!has17(&f, 0));
+	expect_recovered(&f, 0x17);
+	fx_done(&f);
+}
+END_TEST
+
+START_TEST(kill_in_txn_once_keeps_data)
+{
+	fx f;
+	fx_init(&f, 64 * MIB);
+	child_run(&f, 0, 2, DIE_KILL_IN_TXN);
+	/* a run that commits clears the strike before it, too, dies in a
+	 * transaction: still a first strike */
+	child_run(&f, 2, 1, DIE_KILL_IN_TXN);
+	fx_open(&f);
+	kvs_l2_stats st = stats(&f);
+	ck_assert_uint_eq(st.corrupt_recoveries, 0);
+	ck_assert_int_eq(count_aside(f.dir, NULL), 0);
+	ck_assert(has17(&f, 0) && has17(&f, 1) && has17(&f, 2));
+	ck_assert(!has17(&f, 9999)); /* the transaction that died left nothing */
+	ck_assert_uint_eq(st.objects, 3);
+	/* and a clean close clears the strike: one more death is a first one */
+	fx_close(&f);
+	child_run(&f, 3, 0, DIE_KILL_IN_TXN);
+	fx_open(&f);
+	ck_assert_uint_eq(stats(&f).corrupt_recoveries, 0);
+	ck_assert(has17(&f, 2));
+	fx_done(&f);
+}
+END_TEST
+
+/* LMDB reporting corruption at run time (a leaf page in the middle of the
+ * object tree damaged: the open's checks of the first and last entries pass)
+ * makes the next open set the file aside, even after a clean close. */
+START_TEST(lmdb_error_marks_for_recovery)
+{
+	fx f;
+	fx_init(&f, 64 * MIB);
+	fx_open(&f);
+	enum { N = 300 };
+	uint8_t d[200];
+	for (uint32_t i = 0; i < N; i++) {
+		fill(d, sizeof(d), i);
+		kvs_objkey k = mkkey(i, 0x18);
+		ck_assert_int_eq(kvs_l2_write(f.l2, &k, GEOM, d, sizeof(d), NULL), 0);
+	}
+	kvs_l2_done done[N];
+	collect(&f, done, N);
+	fx_close(&f);
+	compact(f.dir);
+	/* the leaf pages of the obj database (their first node: a 64-byte key
+	 * of ours); take one that is neither first nor last in key order */
+	char path[256];
+	snprintf(path, sizeof(path), "%s/data.mdb", f.dir);
+	size_t size;
+	uint8_t *buf = read_file(path, &size);
+	const size_t ps = 4096;
+	size_t leaf[64];
+	int nl = 0;
+	for (size_t pg = 2; pg < size / ps && nl < 64; pg++) {
+		const uint8_t *p = buf + pg * ps;
+		uint64_t no;
+		uint16_t flags, lower, ptr0, ksize;
+		memcpy(&no, p, 8);
+		memcpy(&flags, p + 10, 2);
+		memcpy(&lower, p + 12, 2);
+		if (no != pg || !(flags & 0x02) || lower <= 16)
+			continue;
+		uint16_t dsize;
+		memcpy(&ptr0, p + 16, 2);
+		memcpy(&dsize, p + ptr0, 2);
+		memcpy(&ksize, p + ptr0 + 6, 2);
+		/* obj's nodes hold the record inline (atime's an 8-byte stamp) */
+		if (ksize == sizeof(kvs_objkey) && dsize == HDR + sizeof(d) && p[ptr0 + 8 + 31] == 0xc3 &&
+		    p[ptr0 + 8 + 32] == 0x18)
+			leaf[nl++] = pg;
+	}
+	ck_assert_int_ge(nl, 5);
+	/* in key order by the first key of each page */
+	size_t mid = 0;
+	int below = 0, above = 0;
+	for (int i = 0; i < nl && !mid; i++) {
+		below = above = 0;
+		const uint8_t *pi = buf + leaf[i] * ps;
+		uint16_t o;
+		memcpy(&o, pi + 16, 2);
+		for (int j = 0; j < nl; j++) {
+			const uint8_t *pj = buf + leaf[j] * ps;
+			uint16_t oj;
+			memcpy(&oj, pj + 16, 2);
+			int c = memcmp(pj + oj + 8, pi + o + 8, sizeof(kvs_objkey));
+			below += c < 0;
+			above += c > 0;
+		}
+		if (below >= 2 && above >= 2)
+			mid = leaf[i];
+	}
+	ck_assert_uint_ne(mid, 0);
+	uint16_t o;
+	memcpy(&o, buf + mid * ps + 16, 2);
+	kvs_objkey victim;
+	memcpy(&victim, buf + mid * ps + o + 8, sizeof(victim));
+	free(buf);
+	/* the page's flags say overflow: LMDB answers MDB_CORRUPTED */
+	uint16_t bad = 0x04;
+	int fd = open(path, O_RDWR);
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(pwrite(fd, &bad, 2, (off_t)(mid * ps + 10)), 2);
+	close(fd);
+	fx_open(&f);
+	ck_assert_uint_eq(stats(&f).corrupt_recoveries, 0);
+	contains_len(&f, &victim, GEOM, KVS_E_MISS);
+	fx_close(&f);
+	fx_open(&f);
+	ck_assert_int_eq(count_aside(f.dir, NULL), 1);
+	expect_recovered(&f, 0x18);
+	fx_done(&f);
+}
+END_TEST
+
 /* ---- rate-limited logging ------------------------------------------------------ */
 
 START_TEST(ratelimit_counts)
@@ -1744,6 +2152,13 @@ static Suite *l2_suite(void)
 	tcase_add_test(tc, queue_overflow_stress);
 	tcase_add_test(tc, clear_empties);
 	tcase_add_test(tc, drop_spares_rewritten_record);
+	tcase_add_loop_test(tc, corrupt_env_set_aside, 0, 3);
+	tcase_add_test(tc, healthy_kill_keeps_data);
+	tcase_add_test(tc, segv_elsewhere_keeps_data);
+	tcase_add_test(tc, segv_in_l2_work_sets_aside);
+	tcase_add_test(tc, kill_in_txn_twice_sets_aside);
+	tcase_add_test(tc, kill_in_txn_once_keeps_data);
+	tcase_add_test(tc, lmdb_error_marks_for_recovery);
 	tcase_add_test(tc, ratelimit_counts);
 	suite_add_tcase(s, tc);
 	return s;
