@@ -432,6 +432,18 @@ static void *writer_main(void *arg)
 			kvs_warn_rl(&l2->rl_commit, "L2 %s: group commit of %u objects failed: %s", l2->path, nb,
 				    mdb_strerror(rc));
 		}
+		/* a page with no room, a transaction LMDB itself invalidated: a
+		 * healthy environment does not keep answering that; three group
+		 * commits in a row mean a damaged B-tree (chaos scenario 4): the
+		 * next start sets the file aside */
+		if (rc == MDB_PAGE_FULL || rc == MDB_BAD_TXN) {
+			if (++l2->suspect_fails == 3)
+				kvs__l2_note_error(l2, MDB_CORRUPTED, rc == MDB_PAGE_FULL
+					? "three group commits in a row failed with MDB_PAGE_FULL"
+					: "three group commits in a row failed with MDB_BAD_TXN");
+		} else if (!rc) {
+			l2->suspect_fails = 0;
+		}
 
 		pthread_mutex_lock(&l2->mu);
 		l2->st.write_batches++;
