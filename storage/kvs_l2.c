@@ -1,6 +1,7 @@
 /* L2 tier over LMDB: writer thread with group commit, reader thread with
  * checksum verification, batched LRU stamps, watermark eviction; records
- * bound to their key, and crash-loop detection through a small state file. See kvs_l2.h for the contract and
+ * bound to their key, disk space allocated ahead of LMDB, and crash-loop
+ * detection through a small state file. See kvs_l2.h for the contract and
  * docs/architecture.md §6 for the design. */
 #include "kvs_l2.h"
 
@@ -15,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -101,7 +103,9 @@ typedef struct l2_drop {
 
 /* Invariants: every queued item is on exactly one of wq, rq, done, or in a
  * thread's hands; bytes (guarded by mu) equals the sum of value sizes in the
- * obj database as of the last commit. */
+ * obj database as of the last commit. Every page a write transaction may
+ * touch lies below alloc_end while the map is capped (map_now < map_full):
+ * the map ends there. */
 struct kvs_l2 {
 	kvs_l2_config cfg;
 	char path[512];
@@ -117,8 +121,19 @@ struct kvs_l2 {
 	l2_drop *drops; /* records found unusable by readers: delete them */
 	uint32_t n_drops;
 	bool stop;
+	/* Map and disk. Any transaction but the writer's holds maplock for
+	 * reading; the writer holds it for writing while it resizes the map
+	 * (LMDB unmaps and maps again: no transaction may be open). */
+	pthread_rwlock_t maplock;
+	bool broken;       /* a resize failed: the environment has no map (guarded by maplock) */
 	uint8_t *map_base; /* the environment's map (WRITEMAP) and data file */
 	int fd;
+	uint64_t map_full;  /* the map wanted: size + reserve (or an existing larger one) */
+	uint64_t map_now;   /* writer-owned: the map in effect, smaller while a full disk caps it */
+	uint64_t alloc_end; /* writer-owned: data.mdb bytes known to have blocks on disk */
+	uint64_t slack;     /* bytes allocated ahead of LMDB's next page beyond a batch */
+	uint64_t capacity;  /* writer-owned: what the watermarks take as the size */
+	bool falloc;        /* the file system preallocates (fallocate) */
 	pthread_t writer, reader;
 	bool writer_started, reader_started;
 	uint64_t clock; /* writer-owned logical time */
@@ -131,7 +146,7 @@ struct kvs_l2 {
 	uint32_t txn_depth; /* write transactions open now (guarded by state_mu) */
 	bool committed;     /* a write transaction of this run has committed (state_mu) */
 	atomic_int inject;  /* kvs__l2_inject */
-	kvs_ratelimit rl_commit, rl_bad, rl_corrupt;
+	kvs_ratelimit rl_commit, rl_disk, rl_bad, rl_corrupt;
 	kvs_l2_stats st; /* guarded by mu */
 };
 
@@ -602,6 +617,17 @@ static int evict_to(kvs_l2 *l2, MDB_txn *txn, uint64_t *bytes, uint64_t *objects
 	return rc == MDB_NOTFOUND ? 0 : rc;
 }
 
+/* ---- map and disk -----------------------------------------------------------
+ * With MDB_WRITEMAP, LMDB writes pages through a shared mapping of a sparse
+ * data.mdb. On a full file system the page fault that would give a page its
+ * block fails, and the kernel sends SIGBUS — there is no error code to
+ * handle (issue 16 #7). So the writer allocates the file's blocks ahead of
+ * LMDB's next page (fallocate) before each transaction, and when the file
+ * system refuses, it shrinks the map to the blocks the file holds: LMDB then
+ * answers MDB_MAP_FULL, the writer evicts and retries, as with a full map.
+ * While capped, each batch asks the file system (fstatvfs) whether there is
+ * room again and grows the map back. */
+
 /* LMDB does not say where it mapped data.mdb: find the mapping. */
 static void find_map_base(kvs_l2 *l2, uint64_t mapsize)
 {
@@ -621,6 +647,172 @@ static void find_map_base(kvs_l2 *l2, uint64_t mapsize)
 	}
 	if (mf)
 		fclose(mf);
+}
+
+static uint64_t round_pages(const kvs_l2 *l2, uint64_t x) { return (x + l2->psize - 1) / l2->psize * l2->psize; }
+
+/* Capacity the watermarks work against for a map of this size. */
+static void set_capacity(kvs_l2 *l2)
+{
+	l2->capacity = l2->map_now >= l2->map_full ? l2->cfg.size
+						   : l2->map_now - l2->map_now * RESERVE_PCT / (100 + RESERVE_PCT);
+	pthread_mutex_lock(&l2->mu);
+	l2->st.map_size = l2->capacity;
+	pthread_mutex_unlock(&l2->mu);
+}
+
+/* Resizes the map (writer thread, between its transactions; at open before
+ * the threads start). LMDB rounds a size below the pages in use up. */
+static int remap(kvs_l2 *l2, uint64_t size)
+{
+	pthread_rwlock_wrlock(&l2->maplock);
+	int rc = mdb_env_set_mapsize(l2->env, size);
+	MDB_envinfo info;
+	if (rc == 0) {
+		mdb_env_info(l2->env, &info);
+		l2->map_now = info.me_mapsize;
+		find_map_base(l2, info.me_mapsize);
+	} else if (rc != EINVAL) {
+		/* LMDB unmapped the old map and could not map again (EINVAL: a
+		 * write transaction was open, nothing changed — not expected) */
+		l2->broken = true;
+		l2->map_base = NULL;
+	}
+	pthread_rwlock_unlock(&l2->maplock);
+	if (rc) {
+		kvs_err("L2 %s: cannot resize the map to %llu bytes: %s; L2 stops working", l2->path,
+			(unsigned long long)size, mdb_strerror(rc));
+		return rc;
+	}
+	set_capacity(l2);
+	return 0;
+}
+
+static int falloc(kvs_l2 *l2, uint64_t from, uint64_t to)
+{
+	if (to <= from)
+		return 0;
+	int r;
+	do
+		r = fallocate(l2->fd, 0, (off_t)from, (off_t)(to - from));
+	while (r < 0 && errno == EINTR);
+	return r < 0 ? errno : 0;
+}
+
+/* Before a write transaction that brings `incoming` bytes of pages: makes
+ * sure data.mdb has blocks for them and for the B-tree pages around them
+ * (slack), or caps the map at the blocks it has. */
+static void disk_reserve(kvs_l2 *l2, uint64_t incoming)
+{
+	if (!l2->falloc || l2->broken)
+		return;
+	MDB_envinfo info;
+	mdb_env_info(l2->env, &info);
+	uint64_t next = ((uint64_t)info.me_last_pgno + 1) * l2->psize;
+	uint64_t need = round_pages(l2, next + incoming + l2->slack), ahead = need + l2->slack;
+	if (need > l2->map_full)
+		need = l2->map_full;
+	if (ahead > l2->map_full)
+		ahead = l2->map_full;
+	bool capped = l2->map_now < l2->map_full;
+	int err = 0;
+	if (!capped && need > l2->alloc_end) {
+		if ((err = falloc(l2, l2->alloc_end, ahead)) == 0)
+			l2->alloc_end = ahead;
+		else if ((err == ENOSPC || err == EDQUOT) && (err = falloc(l2, l2->alloc_end, need)) == 0)
+			l2->alloc_end = need;
+	} else if (capped) {
+		/* has the file system room again? (no allocation is tried, and
+		 * none fails, while it has not) */
+		struct statvfs vfs;
+		if (fstatvfs(l2->fd, &vfs) == 0) {
+			uint64_t avail = (uint64_t)vfs.f_bavail * vfs.f_frsize;
+			if (avail > 2 * l2->slack) {
+				uint64_t to = (l2->alloc_end + avail - l2->slack) / l2->psize * l2->psize;
+				if (to > l2->map_full)
+					to = l2->map_full;
+				if (falloc(l2, l2->alloc_end, to) == 0)
+					l2->alloc_end = to;
+			}
+		}
+	}
+	if (err == EOPNOTSUPP) {
+		l2->falloc = false;
+		kvs_warn("L2 %s: the file system cannot preallocate (fallocate): if it fills up, a write into the map "
+			 "faults (SIGBUS) and the next start sets the file aside",
+			 l2->path);
+		return;
+	}
+	if (err && err != ENOSPC && err != EDQUOT) {
+		kvs_warn_rl(&l2->rl_disk, "L2 %s: cannot allocate disk blocks: %s", l2->path, strerror(err));
+		return;
+	}
+	if (err) {
+		pthread_mutex_lock(&l2->mu);
+		l2->st.disk_full++;
+		pthread_mutex_unlock(&l2->mu);
+		kvs_warn_rl(&l2->rl_disk,
+			    "L2 %s: %s: L2 stops growing at %llu MiB of disk and evicts least-recently-used objects "
+			    "to keep writing; it grows again when the file system has room",
+			    l2->path, strerror(err), (unsigned long long)(l2->alloc_end >> 20));
+	}
+	uint64_t want = (capped || err) && l2->alloc_end < l2->map_full ? l2->alloc_end : l2->map_full;
+	if (want != l2->map_now) {
+		remap(l2, want);
+		/* LMDB keeps at least the pages in use, and those have blocks */
+		if (l2->map_now > l2->alloc_end && l2->map_now < l2->map_full)
+			l2->alloc_end = l2->map_now;
+		if (!err && want == l2->map_full)
+			kvs_warn("L2 %s: the file system has room again: capacity back to %llu MiB", l2->path,
+				 (unsigned long long)(l2->capacity >> 20));
+	}
+}
+
+/* At open: warns when the file system is smaller than l2-size, and
+ * allocates the blocks of the pages in use and the first slack. */
+static void disk_open(kvs_l2 *l2)
+{
+	struct statvfs vfs;
+	struct stat sb;
+	if (fstatvfs(l2->fd, &vfs) == 0 && fstat(l2->fd, &sb) == 0) {
+		uint64_t total = (uint64_t)vfs.f_blocks * vfs.f_frsize, avail = (uint64_t)vfs.f_bavail * vfs.f_frsize;
+		uint64_t mine = (uint64_t)sb.st_blocks * 512;
+		const char *then = "when it is full, L2 stops growing (its capacity is then what the disk holds) and "
+				   "evicts least-recently-used objects to keep writing";
+		if (total < l2->cfg.size)
+			kvs_warn("L2 %s: the file system holds %llu MiB in all, less than l2-size (%llu MiB): %s", l2->path,
+				 (unsigned long long)(total >> 20), (unsigned long long)(l2->cfg.size >> 20), then);
+		else if (avail + mine < l2->cfg.size)
+			kvs_warn("L2 %s: the file system has %llu MiB free and L2 holds %llu MiB, less than l2-size "
+				 "(%llu MiB): %s",
+				 l2->path, (unsigned long long)(avail >> 20), (unsigned long long)(mine >> 20),
+				 (unsigned long long)(l2->cfg.size >> 20), then);
+	}
+	MDB_envinfo info;
+	mdb_env_info(l2->env, &info);
+	uint64_t next = ((uint64_t)info.me_last_pgno + 1) * l2->psize;
+	/* the pages in use have blocks (LMDB wrote them); make sure of it, as
+	 * a copied file may have become sparse */
+	int err = falloc(l2, 0, next);
+	if (err == EOPNOTSUPP) {
+		l2->falloc = false;
+		kvs_warn("L2 %s: the file system cannot preallocate (fallocate): if it fills up, a write into the map "
+			 "faults (SIGBUS) and the next start sets the file aside",
+			 l2->path);
+		return;
+	}
+	l2->falloc = true;
+	l2->alloc_end = err ? 0 : next;
+	/* lock.mdb is a shared mapping too (the reader table): its blocks now */
+	char lock[600];
+	snprintf(lock, sizeof(lock), "%s/lock.mdb", l2->path);
+	int lfd = open(lock, O_RDWR | O_CLOEXEC);
+	if (lfd >= 0) {
+		if (fstat(lfd, &sb) == 0 && sb.st_size > 0 && fallocate(lfd, 0, 0, sb.st_size) < 0)
+			kvs_warn("L2 %s: cannot allocate the blocks of lock.mdb: %s", l2->path, strerror(errno));
+		close(lfd);
+	}
+	disk_reserve(l2, 0);
 }
 
 /* ---- writer ------------------------------------------------------------------- */
@@ -660,6 +852,9 @@ static int write_batch(kvs_l2 *l2, l2_item *batch, uint32_t nb, const kvs_objkey
 			incoming_pages += obj_pages_bytes(l2, batch[i].len);
 			n_objects++;
 		}
+	disk_reserve(l2, incoming_pages);
+	if (l2->broken)
+		return MDB_PANIC;
 	MDB_txn *txn;
 	l2->n_evicted = 0;
 	int rc = mdb_txn_begin(l2->env, NULL, 0, &txn);
@@ -669,7 +864,7 @@ static int write_batch(kvs_l2 *l2, l2_item *batch, uint32_t nb, const kvs_objkey
 	uint64_t bytes = meta_get(txn, l2->meta, "bytes");
 	uint64_t objects = meta_get(txn, l2->meta, "objects");
 	l2->clock = meta_get(txn, l2->meta, "clock");
-	uint64_t size = l2->cfg.size;
+	uint64_t size = l2->capacity;
 	uint64_t high = size / 100 * HIGH_PCT;
 	for (uint32_t i = 0; i < nd; i++) {
 		/* only the value the reader found: a record rewritten since stays */
@@ -741,7 +936,11 @@ static int write_batch(kvs_l2 *l2, l2_item *batch, uint32_t nb, const kvs_objkey
 			for (uint64_t done = 0; done < it->len;) {
 				ssize_t w = pwrite(l2->fd, src + done, it->len - done, foff + (off_t)done);
 				if (w <= 0) {
-					rc = EIO;
+					/* the errno itself (ENOSPC: "No space left on
+					 * device"), not a blanket EIO */
+					rc = w < 0 ? errno : ENOSPC;
+					if (rc == EINTR)
+						continue;
 					goto abort;
 				}
 				done += (uint64_t)w;
@@ -844,9 +1043,12 @@ static void *writer_main(void *arg)
 			}
 			pthread_cond_timedwait(&l2->wcv, &l2->mu, &ts);
 		}
+		/* the batch stays small against the capacity (see kvs_l2_open),
+		 * which a full disk may have lowered */
+		uint64_t bmax = l2->cfg.batch_bytes < l2->capacity / 32 ? l2->cfg.batch_bytes : l2->capacity / 32;
 		uint32_t nb = 0;
 		uint64_t bb = 0;
-		while (nb < l2->cfg.batch_max && l2->wq.head && (nb == 0 || bb + l2->wq.head->len <= l2->cfg.batch_bytes)) {
+		while (nb < l2->cfg.batch_max && l2->wq.head && (nb == 0 || bb + l2->wq.head->len <= bmax)) {
 			l2_item *it = list_pop(&l2->wq);
 			orig[nb] = it;
 			batch[nb++] = *it;
@@ -862,17 +1064,20 @@ static void *writer_main(void *arg)
 
 		int rc = write_batch(l2, batch, nb, touches, nt, drops, nd, UINT64_MAX);
 		if (rc == MDB_MAP_FULL) {
-			/* the map is fuller than the byte count says (page overhead):
-			 * evict down to half of the map in its own transaction, retry */
+			/* the map is fuller than the byte count says (page overhead),
+			 * or a full disk capped it: evict down to half of the capacity
+			 * in a transaction of its own, retry */
 			pthread_mutex_lock(&l2->mu);
 			l2->st.map_full_retries++;
 			pthread_mutex_unlock(&l2->mu);
-			write_batch(l2, NULL, 0, NULL, 0, NULL, 0, l2->cfg.size / 2);
+			write_batch(l2, NULL, 0, NULL, 0, NULL, 0, l2->capacity / 2);
 			/* LMDB hands out the pages a commit freed only from the
 			 * second commit after it: one empty commit in between */
 			write_batch(l2, NULL, 0, NULL, 0, NULL, 0, UINT64_MAX);
 			rc = write_batch(l2, batch, nb, touches, nt, drops, nd, UINT64_MAX);
 		}
+		if (rc == MDB_MAP_FULL && l2->map_now < l2->map_full)
+			rc = ENOSPC; /* the map is what the full disk holds: say so */
 		if (rc) {
 			note_lmdb_error(l2, rc, "group commit");
 			kvs_warn_rl(&l2->rl_commit, "L2 %s: group commit of %u objects failed: %s", l2->path, nb,
@@ -907,13 +1112,16 @@ static void *writer_main(void *arg)
 
 /* ---- reader ------------------------------------------------------------------- */
 
-/* A read transaction on a thread other than the writer: marks L2 work for
- * the fault handler. */
+/* A read transaction on a thread other than the writer: holds the map lock
+ * (no resize meanwhile) and marks L2 work for the fault handler. */
 static int rtxn_begin(kvs_l2 *l2, MDB_txn **txn)
 {
-	int rc = mdb_txn_begin(l2->env, NULL, MDB_RDONLY, txn);
-	if (rc)
+	pthread_rwlock_rdlock(&l2->maplock);
+	int rc = l2->broken ? MDB_PANIC : mdb_txn_begin(l2->env, NULL, MDB_RDONLY, txn);
+	if (rc) {
+		pthread_rwlock_unlock(&l2->maplock);
 		return rc;
+	}
 	work_enter(l2, false);
 	return 0;
 }
@@ -922,6 +1130,7 @@ static void rtxn_end(kvs_l2 *l2, MDB_txn *txn)
 {
 	mdb_txn_abort(txn);
 	work_leave(l2, false, false);
+	pthread_rwlock_unlock(&l2->maplock);
 }
 
 static int read_one(kvs_l2 *l2, MDB_txn *txn, l2_item *it)
@@ -1054,7 +1263,7 @@ static int env_open(kvs_l2 *l2)
 		return rc;
 	mdb_env_set_maxdbs(l2->env, 4);
 	mdb_env_set_maxreaders(l2->env, 64);
-	if ((rc = mdb_env_set_mapsize(l2->env, l2->cfg.size + l2->cfg.size / 100 * RESERVE_PCT)) != 0)
+	if ((rc = mdb_env_set_mapsize(l2->env, l2->map_full)) != 0)
 		goto fail;
 	/* WRITEMAP: MDB_RESERVE hands out space straight in the map, so an
 	 * object is copied once, from L1 into the page cache */
@@ -1123,7 +1332,15 @@ int kvs_l2_open(const kvs_l2_config *cfg, kvs_l2 **ret)
 	pthread_mutex_init(&l2->state_mu, NULL);
 	pthread_cond_init(&l2->wcv, NULL);
 	pthread_cond_init(&l2->rcv, NULL);
-	l2->rl_commit.interval_ms = l2->rl_bad.interval_ms = l2->rl_corrupt.interval_ms = KVS_RATELIMIT_MS;
+	pthread_rwlockattr_t ra;
+	pthread_rwlockattr_init(&ra);
+	/* a resize must not wait behind a stream of reads */
+	pthread_rwlockattr_setkind_np(&ra, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+	pthread_rwlock_init(&l2->maplock, &ra);
+	pthread_rwlockattr_destroy(&ra);
+	l2->rl_commit.interval_ms = l2->rl_disk.interval_ms = KVS_RATELIMIT_MS;
+	l2->rl_bad.interval_ms = l2->rl_corrupt.interval_ms = KVS_RATELIMIT_MS;
+	l2->map_full = cfg->size + cfg->size / 100 * RESERVE_PCT;
 	l2->touches = calloc(MAX_TOUCHES, sizeof(*l2->touches));
 	l2->drops = calloc(MAX_TOUCHES, sizeof(*l2->drops));
 	if (!l2->touches || !l2->drops) {
@@ -1159,13 +1376,22 @@ int kvs_l2_open(const kvs_l2_config *cfg, kvs_l2 **ret)
 		goto err_lmdb;
 	MDB_envinfo info;
 	mdb_env_info(l2->env, &info);
-	if (mdb_env_get_fd(l2->env, &l2->fd) == 0)
-		find_map_base(l2, info.me_mapsize);
 	/* an existing environment may be larger: its capacity is its map less
 	 * the reserve */
-	if (info.me_mapsize > cfg->size + cfg->size / 100 * RESERVE_PCT + l2->psize)
+	if (info.me_mapsize > l2->map_full + l2->psize) {
 		l2->cfg.size = info.me_mapsize - info.me_mapsize * RESERVE_PCT / (100 + RESERVE_PCT);
-	l2->st.map_size = l2->cfg.size;
+		l2->map_full = info.me_mapsize;
+	}
+	l2->map_now = info.me_mapsize;
+	set_capacity(l2);
+	/* blocks allocated ahead of LMDB's next page: a fraction of the size,
+	 * more than the B-tree pages an evicting transaction touches */
+	l2->slack = round_pages(l2, l2->cfg.size / 64 < (1u << 20) ? (1u << 20)
+				    : l2->cfg.size / 64 > (1ull << 30) ? (1ull << 30) : l2->cfg.size / 64);
+	if (mdb_env_get_fd(l2->env, &l2->fd) == 0) {
+		find_map_base(l2, info.me_mapsize);
+		disk_open(l2);
+	}
 	/* A commit needs free pages for its batch beside those of the last
 	 * snapshot and those the previous commit freed (LMDB reuses freed pages
 	 * only two transactions later), so a batch must stay small against the
@@ -1185,7 +1411,7 @@ int kvs_l2_open(const kvs_l2_config *cfg, kvs_l2 **ret)
 	l2->reader_started = true;
 	kvs_info("L2 %s: %llu objects, %llu MiB of %llu MiB, sync %s", cfg->path,
 		 (unsigned long long)l2->st.objects, (unsigned long long)(l2->st.bytes >> 20),
-		 (unsigned long long)(info.me_mapsize >> 20),
+		 (unsigned long long)(l2->capacity >> 20),
 		 cfg->sync == KVS_L2_SYNC_FULL ? "full" : cfg->sync == KVS_L2_SYNC_NOMETA ? "nometa" : "none");
 	*ret = l2;
 	return 0;
@@ -1203,6 +1429,7 @@ err_free:
 		close(l2->state_fd);
 	free(l2->touches);
 	free(l2->drops);
+	pthread_rwlock_destroy(&l2->maplock);
 	pthread_cond_destroy(&l2->wcv);
 	pthread_cond_destroy(&l2->rcv);
 	pthread_mutex_destroy(&l2->state_mu);
@@ -1232,6 +1459,7 @@ void kvs_l2_close(kvs_l2 *l2)
 	free(l2->touches);
 	free(l2->evicted);
 	free(l2->drops);
+	pthread_rwlock_destroy(&l2->maplock);
 	pthread_cond_destroy(&l2->wcv);
 	pthread_cond_destroy(&l2->rcv);
 	pthread_mutex_destroy(&l2->state_mu);
@@ -1378,9 +1606,14 @@ uint32_t kvs_l2_reap(kvs_l2 *l2, kvs_l2_done *out, uint32_t cap)
 int kvs_l2_clear(kvs_l2 *l2)
 {
 	MDB_txn *txn;
-	int rc = mdb_txn_begin(l2->env, NULL, 0, &txn);
-	if (rc)
+	/* a write transaction off the writer thread: it holds the map lock
+	 * like a read, so that no resize happens under it */
+	pthread_rwlock_rdlock(&l2->maplock);
+	int rc = l2->broken ? MDB_PANIC : mdb_txn_begin(l2->env, NULL, 0, &txn);
+	if (rc) {
+		pthread_rwlock_unlock(&l2->maplock);
 		return lmdb_err(rc);
+	}
 	work_enter(l2, true);
 	if ((rc = mdb_drop(txn, l2->obj, 0)) || (rc = mdb_drop(txn, l2->lru, 0)) ||
 	    (rc = mdb_drop(txn, l2->atime, 0)) || (rc = meta_put(txn, l2->meta, "bytes", 0)) ||
@@ -1389,6 +1622,7 @@ int kvs_l2_clear(kvs_l2 *l2)
 	else
 		rc = mdb_txn_commit(txn);
 	work_leave(l2, true, rc == 0);
+	pthread_rwlock_unlock(&l2->maplock);
 	if (rc) {
 		note_lmdb_error(l2, rc, "clear");
 		return lmdb_err(rc);

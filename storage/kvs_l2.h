@@ -21,7 +21,11 @@
  * map in object bytes) the writer deletes least-recently-used objects down to
  * the low watermark (70 %). Access stamps are batched: kvs_l2_touch() queues
  * them and the writer applies them in its next transaction. A full map
- * (MDB_MAP_FULL) makes the writer evict harder and retry, never stall.
+ * (MDB_MAP_FULL) makes the writer evict harder and retry, never stall. A
+ * full file system is the same: the writer allocates the file's blocks ahead
+ * of LMDB, and when the file system refuses (ENOSPC) the map shrinks to the
+ * blocks the file holds, so writing goes on by eviction; it grows back once
+ * the file system has room again.
  *
  * Crash safety: LMDB is copy-on-write with two meta pages, so after a crash
  * (kill -9) the environment opens at the last committed transaction. What
@@ -130,11 +134,13 @@ uint32_t kvs_l2_reap(kvs_l2 *l2, kvs_l2_done *out, uint32_t cap);
 int kvs_l2_clear(kvs_l2 *l2);
 
 typedef struct kvs_l2_stats {
-	uint64_t map_size, objects, bytes;       /* bytes: object data + headers */
+	uint64_t map_size;                       /* capacity now: `size`, or less while a full file system caps it */
+	uint64_t objects, bytes;                 /* bytes: object data + headers */
 	uint64_t writes, write_batches, write_drops, write_errors;
 	uint64_t reads, read_misses, checksum_failures, header_mismatches;
 	uint64_t key_mismatches;                 /* records found under another object's key (deleted, never served) */
 	uint64_t evictions, map_full_retries;
+	uint64_t disk_full;                      /* allocations of data.mdb's blocks refused by the file system (ENOSPC) */
 	uint64_t corrupt_recoveries;             /* times open moved a corrupt data.mdb aside (0 or 1 per open) */
 	uint64_t queue_depth, queue_bytes;
 	uint64_t writes_committed;               /* monotonic, in queue order */

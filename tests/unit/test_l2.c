@@ -7,7 +7,7 @@
  * lock), clear, close draining the queue, corrupt environments set aside at
  * open and deaths inside L2 work (child processes killed or faulting), and the
  * rate limit of repeated log lines. Every test works in its own temporary
- * directory. */
+ * directory. (A full file system: test_l2_disk.c.) */
 #include <check.h>
 #include <dirent.h>
 #include <errno.h>
