@@ -572,18 +572,20 @@ static uint64_t obj_pages_bytes(const kvs_l2 *l2, uint64_t len)
 }
 
 /* Deletes least-recently-used objects until *bytes <= target and the pages
- * in use are at most page_target; adds their number to *evicted (counted by
- * the caller once the transaction commits). */
+ * in use are at most page_target, or until they freed max_freed bytes; adds
+ * their number to *evicted (counted by the caller once the transaction
+ * commits). */
 static int evict_to(kvs_l2 *l2, MDB_txn *txn, uint64_t *bytes, uint64_t *objects, uint64_t target,
-		    uint64_t page_target, uint64_t *evicted)
+		    uint64_t page_target, uint64_t max_freed, uint64_t *evicted)
 {
+	uint64_t start = *bytes;
 	MDB_cursor *cur;
 	int rc = mdb_cursor_open(txn, l2->lru, &cur);
 	if (rc)
 		return rc;
 	uint64_t n = 0;
 	MDB_val k, v;
-	while ((*bytes > target || used_bytes(l2, txn) > page_target) &&
+	while ((*bytes > target || used_bytes(l2, txn) > page_target) && start - *bytes < max_freed &&
 	       (rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST)) == 0) {
 		kvs_objkey key;
 		if (k.mv_size != 8 + sizeof(key)) {
@@ -839,10 +841,11 @@ static void altstack_off(void *sp)
 	free(sp);
 }
 
-/* One group commit: the batch's objects, pending stamps and drops. Returns 0
- * or an LMDB error (nothing of the batch committed). */
+/* One group commit: the batch's objects, pending stamps and drops, evicting
+ * down to the watermarks or to evict_target (at most evict_max bytes).
+ * Returns 0 or an LMDB error (nothing of the batch committed). */
 static int write_batch(kvs_l2 *l2, l2_item *batch, uint32_t nb, const kvs_objkey *touches, uint32_t nt,
-		       const l2_drop *drops, uint32_t nd, uint64_t evict_target)
+		       const l2_drop *drops, uint32_t nd, uint64_t evict_target, uint64_t evict_max)
 {
 	uint64_t incoming = 0, incoming_pages = 0, evicted = 0;
 	uint32_t n_objects = 0;
@@ -897,7 +900,7 @@ static int write_batch(kvs_l2 *l2, l2_item *batch, uint32_t nb, const kvs_objkey
 			ptarget = evict_target;
 		ptarget = ptarget > incoming_pages ? ptarget - incoming_pages : 0;
 		target = target > incoming ? target - incoming : 0;
-		if ((rc = evict_to(l2, txn, &bytes, &objects, target, ptarget, &evicted)) != 0)
+		if ((rc = evict_to(l2, txn, &bytes, &objects, target, ptarget, evict_max, &evicted)) != 0)
 			goto abort;
 	}
 	for (uint32_t i = 0; i < nb; i++) {
@@ -1005,6 +1008,41 @@ abort:
 	return rc;
 }
 
+/* MDB_MAP_FULL although the watermarks left room: the free pages are too
+ * scattered for the batch (an object takes contiguous pages), or a full disk
+ * capped the map. Evicts least-recently-used objects until twice the
+ * batch's pages, and at least 1/32 of the capacity, are free — in small
+ * transactions: the list of pages a transaction frees is itself an LMDB
+ * record that needs contiguous pages, so one big eviction can fail where
+ * small ones commit (issue 16: "evict to half" in one transaction wedged a
+ * fragmented 256 MiB map for good). A step that fails is halved, one that
+ * commits doubled (up to 32 MiB). Then one empty commit, because LMDB hands
+ * out the pages a commit freed only from the second commit after it. */
+static void evict_for(kvs_l2 *l2, uint64_t incoming_pages)
+{
+	uint64_t want = 2 * incoming_pages > l2->capacity / 32 ? 2 * incoming_pages : l2->capacity / 32;
+	uint64_t step = 2ull << 20, freed = 0;
+	while (freed < want) {
+		pthread_mutex_lock(&l2->mu);
+		uint64_t before = l2->st.bytes;
+		pthread_mutex_unlock(&l2->mu);
+		int rc = write_batch(l2, NULL, 0, NULL, 0, NULL, 0, 0, step);
+		if (rc == MDB_MAP_FULL && step > l2->psize) {
+			step /= 2;
+			continue;
+		}
+		pthread_mutex_lock(&l2->mu);
+		uint64_t after = l2->st.bytes;
+		pthread_mutex_unlock(&l2->mu);
+		if (rc || after >= before)
+			break; /* nothing more to evict, or not even one object can go */
+		freed += before - after;
+		if (step < (32ull << 20))
+			step *= 2;
+	}
+	write_batch(l2, NULL, 0, NULL, 0, NULL, 0, UINT64_MAX, UINT64_MAX);
+}
+
 static void *writer_main(void *arg)
 {
 	kvs_l2 *l2 = arg;
@@ -1062,19 +1100,17 @@ static void *writer_main(void *arg)
 		l2->st.queue_bytes = l2->wq.bytes;
 		pthread_mutex_unlock(&l2->mu);
 
-		int rc = write_batch(l2, batch, nb, touches, nt, drops, nd, UINT64_MAX);
+		int rc = write_batch(l2, batch, nb, touches, nt, drops, nd, UINT64_MAX, UINT64_MAX);
 		if (rc == MDB_MAP_FULL) {
-			/* the map is fuller than the byte count says (page overhead),
-			 * or a full disk capped it: evict down to half of the capacity
-			 * in a transaction of its own, retry */
 			pthread_mutex_lock(&l2->mu);
 			l2->st.map_full_retries++;
 			pthread_mutex_unlock(&l2->mu);
-			write_batch(l2, NULL, 0, NULL, 0, NULL, 0, l2->capacity / 2);
-			/* LMDB hands out the pages a commit freed only from the
-			 * second commit after it: one empty commit in between */
-			write_batch(l2, NULL, 0, NULL, 0, NULL, 0, UINT64_MAX);
-			rc = write_batch(l2, batch, nb, touches, nt, drops, nd, UINT64_MAX);
+			uint64_t pages = 0;
+			for (uint32_t i = 0; i < nb; i++)
+				if (batch[i].op == KVS_L2_WRITE)
+					pages += obj_pages_bytes(l2, batch[i].len);
+			evict_for(l2, pages);
+			rc = write_batch(l2, batch, nb, touches, nt, drops, nd, UINT64_MAX, UINT64_MAX);
 		}
 		if (rc == MDB_MAP_FULL && l2->map_now < l2->map_full)
 			rc = ENOSPC; /* the map is what the full disk holds: say so */

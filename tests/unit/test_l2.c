@@ -1312,6 +1312,47 @@ START_TEST(map_full_keeps_writing)
 }
 END_TEST
 
+/* The same with one object per transaction (batch_max 1, what a loaded
+ * writer sees when writes trickle in): the single pages the B-trees free
+ * scatter the free space until an object's 9 contiguous pages no longer
+ * fit, and evicting half the map in one transaction failed too (its list of
+ * freed pages needs contiguous pages itself): from round 178 on nothing
+ * committed again. The map-full path now evicts in small steps. */
+START_TEST(map_full_small_batches)
+{
+	fx f;
+	fx_init(&f, 256 * MIB);
+	f.cfg.batch_max = 1;
+	fx_open(&f);
+	enum { ROUNDS = 300, PER = 64 };
+	const uint64_t len = 32u << 10;
+	uint8_t *buf = malloc((size_t)PER * len);
+	ck_assert_ptr_nonnull(buf);
+	fill(buf, (uint64_t)PER * len, 59999);
+	for (uint32_t r = 0; r < ROUNDS; r++) {
+		for (uint32_t i = 0; i < PER; i++) {
+			fill(buf + (size_t)i * len, 64, 60000 + r * PER + i); /* the rest: unchanged */
+			kvs_objkey k = mkkey(r * PER + i, 0x47);
+			ck_assert_int_eq(kvs_l2_write(f.l2, &k, GEOM, buf + (size_t)i * len, len, NULL), 0);
+		}
+		kvs_l2_done d[PER];
+		collect(&f, d, PER);
+		for (uint32_t i = 0; i < PER; i++)
+			ck_assert_msg(d[i].result == 0, "round %u: a write failed (write_errors %llu, map_full_retries %llu)",
+				      r, (unsigned long long)stats(&f).write_errors,
+				      (unsigned long long)stats(&f).map_full_retries);
+	}
+	kvs_l2_stats st = stats(&f);
+	ck_assert_uint_gt(st.map_full_retries, 0); /* the path ran */
+	ck_assert_uint_eq(st.write_errors, 0);
+	ck_assert_uint_eq(st.writes, ROUNDS * PER);
+	kvs_objkey k = mkkey(ROUNDS * PER - 1, 0x47);
+	get(&f, &k, GEOM, len, buf + (size_t)(PER - 1) * len, 0); /* the newest, byte-exact */
+	free(buf);
+	fx_done(&f);
+}
+END_TEST
+
 START_TEST(eviction_large_objects)
 {
 	/* 1 MiB objects in an 8 MiB map: each is 1/8 of it, so the commit after
@@ -2145,6 +2186,7 @@ static Suite *l2_suite(void)
 	tcase_add_test(tc, eviction_burst);
 	tcase_add_test(tc, eviction_reports);
 	tcase_add_test(tc, map_full_keeps_writing);
+	tcase_add_test(tc, map_full_small_batches);
 	tcase_add_test(tc, eviction_lru_touch);
 	tcase_add_test(tc, eviction_large_objects);
 	tcase_add_test(tc, queue_drops_oldest);
