@@ -3,6 +3,7 @@
 
 #include <ctype.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdbool.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -115,4 +116,39 @@ void kvs_log_write(int level, const char *comp, const char *fmt, ...)
 	line[len++] = '\n';
 	ssize_t w = write(STDERR_FILENO, line, len);
 	(void)w;
+}
+
+bool kvs_ratelimit_pass(kvs_ratelimit *rl, uint64_t *ret_suppressed)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	int64_t now = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+	int64_t next = atomic_load(&rl->next_ms);
+	/* one thread wins the interval; the others count as held back */
+	if (now >= next && atomic_compare_exchange_strong(&rl->next_ms, &next, now + rl->interval_ms)) {
+		*ret_suppressed = atomic_exchange(&rl->suppressed, 0);
+		return true;
+	}
+	atomic_fetch_add(&rl->suppressed, 1);
+	return false;
+}
+
+void kvs_log_limited(kvs_ratelimit *rl, int level, const char *comp, const char *fmt, ...)
+{
+	if (level > kvs_log_get_level())
+		return;
+	uint64_t held;
+	if (!kvs_ratelimit_pass(rl, &held))
+		return;
+	char msg[800];
+	va_list ap;
+	va_start(ap, fmt);
+	int m = vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	if (m < 0)
+		msg[0] = 0;
+	if (held)
+		kvs_log_write(level, comp, "%s (%llu similar lines suppressed)", msg, (unsigned long long)held);
+	else
+		kvs_log_write(level, comp, "%s", msg);
 }

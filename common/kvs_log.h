@@ -5,6 +5,10 @@
 #ifndef KVS_LOG_H
 #define KVS_LOG_H
 
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
 enum kvs_log_level { KVS_LOG_ERROR, KVS_LOG_WARN, KVS_LOG_INFO, KVS_LOG_DEBUG };
 enum kvs_log_format { KVS_LOG_TEXT, KVS_LOG_JSON };
 
@@ -28,5 +32,28 @@ void kvs_log_write(int level, const char *comp, const char *fmt, ...)
 #define kvs_warn(...) kvs_log(KVS_LOG_WARN, __VA_ARGS__)
 #define kvs_info(...) kvs_log(KVS_LOG_INFO, __VA_ARGS__)
 #define kvs_dbg(...) kvs_log(KVS_LOG_DEBUG, __VA_ARGS__)
+
+/* Rate limit for one cause of a repeated line (a failing disk must not
+ * write thousands of lines a second): at most one line per interval_ms; the
+ * lines held back meanwhile are counted and the next line that passes says
+ * how many. Thread-safe (atomics); zero-initialised except interval_ms.
+ * One kvs_ratelimit per cause, e.g. a field of the object that logs. */
+typedef struct kvs_ratelimit {
+	int64_t interval_ms;
+	_Atomic int64_t next_ms;       /* CLOCK_MONOTONIC ms before which lines are held back */
+	_Atomic uint64_t suppressed;   /* lines held back since the last one written */
+} kvs_ratelimit;
+#define KVS_RATELIMIT_MS 5000 /* the default interval: one line per cause per 5 s */
+
+/* true if a line may be written now; then *ret_suppressed is the number of
+ * lines held back since the previous one (and the count restarts). */
+bool kvs_ratelimit_pass(kvs_ratelimit *rl, uint64_t *ret_suppressed);
+/* kvs_log_write through a rate limit: a line that passes and follows held-back
+ * ones ends with " (N similar lines suppressed)". Lines below the log level are
+ * neither written nor counted. */
+void kvs_log_limited(kvs_ratelimit *rl, int level, const char *comp, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
+#define kvs_err_rl(rl, ...) kvs_log_limited((rl), KVS_LOG_ERROR, KVS_LOG_COMPONENT, __VA_ARGS__)
+#define kvs_warn_rl(rl, ...) kvs_log_limited((rl), KVS_LOG_WARN, KVS_LOG_COMPONENT, __VA_ARGS__)
 
 #endif

@@ -94,8 +94,11 @@ uint32_t kvs__stats_collect(kvs_server *srv, kvs_counter *c, char (*names)[32])
 	C("l2_read_misses", l2.read_misses);
 	C("l2_checksum_failures", l2.checksum_failures);
 	C("l2_header_mismatches", l2.header_mismatches);
+	C("l2_key_mismatches", l2.key_mismatches);
 	C("l2_evictions", l2.evictions);
 	C("l2_map_full_retries", l2.map_full_retries);
+	C("l2_disk_full", l2.disk_full);
+	C("l2_corrupt_recoveries", l2.corrupt_recoveries);
 	C("broker_accepted", srv->st.broker_accepted);
 	C("broker_rejected", srv->st.broker_rejected);
 	C("broker_parked", srv->st.broker_parked);
