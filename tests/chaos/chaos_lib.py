@@ -170,6 +170,24 @@ class Rank:
                 pass
 
 
+def stop_together(ranks, sync_dir, margin=20, timeout=120):
+    """Stops the loops of the ranks of one job (started with sync_dir) after
+    the same job: a stop id `margin` jobs beyond the furthest rank (the ranks
+    of a job are never more than one job apart). Returns their replies."""
+    at = 0
+    for r in ranks:
+        try:
+            with open(os.path.join(sync_dir, "rank%d" % r.rank)) as f:
+                at = max(at, int(f.read() or 0))
+        except (OSError, ValueError):
+            pass
+    tmp = os.path.join(sync_dir, "stop.tmp")
+    with open(tmp, "w") as f:
+        f.write(str(at + margin))
+    os.replace(tmp, os.path.join(sync_dir, "stop"))
+    return [r.recv(timeout) for r in ranks]
+
+
 def all_do(ranks, op, timeout=120, **kw):
     """The same command to every rank at once (the parts of one job); their
     replies in rank order."""

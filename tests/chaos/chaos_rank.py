@@ -152,17 +152,35 @@ class RankProc:
             out["complete"] = err_name(e2) or st
         return out
 
-    def loop(self, dl, job0, prompt0, n=4, timeout_ms=None):
+    def loop(self, dl, job0, prompt0, n=4, timeout_ms=None, sync_dir=None):
         """Stores jobs job0, job0+1, ... (prompt prompt0+i, n chunks each)
-        until a line arrives on stdin."""
+        until a line arrives on stdin — or, with sync_dir (the ranks of one
+        job), until the job id in sync_dir/stop is passed: each rank writes
+        the job it is at to sync_dir/rank<r>, the test writes a stop id
+        beyond them all, and every rank stops after the same job."""
         res = []
         i = 0
+        prog = os.open(os.path.join(sync_dir, "rank%d" % self.rank), os.O_WRONLY | os.O_CREAT, 0o600) \
+            if sync_dir else -1
+        stop_at = None
         while True:
-            if STDIN.ready():
+            if sync_dir:
+                if stop_at is None:
+                    try:
+                        with open(os.path.join(sync_dir, "stop")) as f:
+                            stop_at = int(f.read())
+                    except (OSError, ValueError):
+                        pass
+                if stop_at is not None and job0 + i > stop_at:
+                    break
+                os.pwrite(prog, b"%20d" % (job0 + i), 0)
+            if STDIN.ready():  # with sync_dir: only when the test gives up
                 STDIN.readline()
                 break
             res.append(self.store(dl, job0 + i, prompt0 + i, 0, n, timeout_ms))
             i += 1
+        if prog >= 0:
+            os.close(prog)
         return {"jobs": res}
 
     def wait_reconnect(self, count, timeout_ms=20000):

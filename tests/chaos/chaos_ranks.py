@@ -18,7 +18,7 @@ import time
 import unittest
 
 import kvside
-from chaos_lib import Deadlines, Rank, Scenario, Server, all_do, tail
+from chaos_lib import Deadlines, Rank, Scenario, Server, all_do, stop_together, tail
 
 NS = "chaos-ranks"
 DEADLINE_MS = 4000
@@ -56,8 +56,10 @@ class RanksTest(unittest.TestCase):
                 stopped = [rank("stopped", r) for r in range(2)]
                 sch = {e: sched(e) for e in ("stall", "killed", "silent", "stopped")}
                 st0, _ = dl.call("stats", 5000, sch["stall"].stats)
+                sync = os.path.join(srv.tmp, "healthy-sync")
+                os.mkdir(sync)
                 for r in healthy:
-                    r.send("loop", job0=1, prompt0=1, n=4, timeout_ms=8000)
+                    r.send("loop", job0=1, prompt0=1, n=4, timeout_ms=8000, sync_dir=sync)
                 t0 = time.monotonic()
                 # the faulty jobs start together
                 stall[0].send("store", job=1, prompt=1, n=4, timeout_ms=8000)
@@ -112,9 +114,7 @@ class RanksTest(unittest.TestCase):
                     dl.merge(b["dl"])
                     self.assertEqual(b.get("final"), "committed", b)
                 # the healthy engine went on throughout
-                for r in healthy:
-                    r.send("stop")
-                loops = [r.recv(60) for r in healthy]
+                loops = stop_together(healthy, sync)
                 elapsed = time.monotonic() - t0
                 hjobs = [j for lp in loops for j in lp["jobs"]]
                 for lp in loops:

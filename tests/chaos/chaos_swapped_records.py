@@ -5,7 +5,7 @@ pointers swapped in the file (within a rank, and across two ranks), and two
 records re-put under each other's keys with raw LMDB writes. After a
 restart, retrieving any of them must be a miss (E_MISS, nothing written) or
 byte-exact — never the other object's bytes; every other object still
-serves byte-exact. Needs records bound to their full key (branch i16-l2)."""
+serves byte-exact (records bind their full key: protocol §14.2)."""
 
 import os
 import unittest
@@ -37,10 +37,6 @@ class SwappedRecordsTest(unittest.TestCase):
                       "leaf overflow-page pointers (same rank; across ranks) and raw LMDB re-puts (same rank; "
                       "across ranks)", load="2 ranks, 2 jobs of 8 chunks x 32 KiB objects") as sc:
             try:
-                with kvside.Client("probe", NS, role="scheduler", broker_dir=srv.run) as c:
-                    if "l2_key_mismatches" not in c.stats():
-                        self.skipTest("needs L2 records bound to their key (branch i16-l2, issue 16 #2): "
-                                      "this server has no l2_key_mismatches counter")
                 ranks = [Rank(srv, "swap", NS, r, 2) for r in range(2)]
                 for j, p in enumerate(PROMPTS):
                     for res in all_do(ranks, "store", job=1 + j, prompt=p, n=CHUNKS):
