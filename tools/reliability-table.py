@@ -10,8 +10,9 @@ it).
 
     tools/reliability-table.py                 # build/, runs both (~4 min on 2 cores)
     tools/reliability-table.py -C build-rel    # another build directory
-    tools/reliability-table.py --results FILE --hostile-log build/meson-logs/hostile.json
-                                               # no run: tables from earlier results
+    tools/reliability-table.py --no-run        # the table from the last run's files
+                                               # (build/meson-logs/chaos-results.jsonl, hostile.json)
+    tools/reliability-table.py --results FILE [--hostile-log FILE]   # from other runs' files
 """
 
 import argparse
@@ -21,7 +22,6 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -144,6 +144,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-C", "--build", default="build", help="meson build directory (default build)")
     ap.add_argument("--results", help="chaos results file of an earlier run (KVT_CHAOS_RESULTS); no run")
+    ap.add_argument("--no-run", action="store_true", help="tables from the last run's files in the build's "
+                    "meson-logs (chaos-results.jsonl, hostile.json)")
     ap.add_argument("--hostile-log", help="meson JSON test log of badinput and persist of an earlier run")
     ap.add_argument("--doc", default=DOC)
     ap.add_argument("--print", action="store_true", help="print the table instead of rewriting the doc")
@@ -151,25 +153,34 @@ def main():
     build = os.path.join(ROOT, args.build) if not os.path.isabs(args.build) else args.build
     rc_all = 0
     times = []
-    if args.results:
-        results = args.results
+    logs = os.path.join(build, "meson-logs")
+    if args.results or args.no_run:
+        results = args.results or os.path.join(logs, "chaos-results.jsonl")
     else:
-        fd, results = tempfile.mkstemp(prefix="kvside-chaos-", suffix=".jsonl")
-        os.close(fd)
+        os.makedirs(logs, exist_ok=True)
+        results = os.path.join(logs, "chaos-results.jsonl")
+        open(results, "w").close()
         rc, t = run(["meson", "test", "-C", build, "--suite", "chaos", "--print-errorlogs", "--logbase", "chaos"],
                     env=dict(os.environ, KVT_CHAOS_RESULTS=results))
         rc_all |= rc
         times.append("chaos suite %.0f s" % t)
     if args.hostile_log:
         hostile = args.hostile_log
-    elif args.results:
-        hostile = os.path.join(build, "meson-logs", "hostile.json")
+    elif args.results or args.no_run:
+        hostile = os.path.join(logs, "hostile.json")
     else:
         rc, t = run(["meson", "test", "-C", build, "badinput", "persist", "--logbase", "hostile"])
         rc_all |= rc
         times.append("badinput + persist %.0f s" % t)
-        hostile = os.path.join(build, "meson-logs", "hostile.json")
+        hostile = os.path.join(logs, "hostile.json")
     rows = chaos_rows(results) + hostile_rows(hostile)
+    if not times:  # no run here: the durations the meson logs recorded
+        for base, what in (("chaos", "chaos suite"), ("hostile", "badinput + persist")):
+            try:
+                with open(os.path.join(logs, base + ".json")) as f:
+                    times.append("%s %.0f s" % (what, sum(json.loads(x)["duration"] for x in f if x.strip())))
+            except (OSError, ValueError, KeyError):
+                pass
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     meta = "Last refreshed %s on %d CPU cores%s (`tools/reliability-table.py`)." % (
         when, os.cpu_count() or 0, ": " + ", ".join(times) if times else "")
