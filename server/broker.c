@@ -1,10 +1,12 @@
 /* The fd broker: an AF_UNIX SOCK_SEQPACKET socket in a private run directory.
  * Peers must have our UID (or the configured extra UID, checked with
- * SO_PEERCRED); each record carries one allocation fd and the token under
- * which it is parked until a `register` claims it. Anything else closes the
+ * SO_PEERCRED); each record carries up to KVS_BROKER_MAX_FDS allocation fds,
+ * each with the token under which it is parked until a `register` claims it
+ * (all of a record's fds are parked, or none). Anything else closes the
  * connection and parks nothing. */
 #include <errno.h>
 #include <fcntl.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -90,6 +92,10 @@ int kvs__broker_open(kvs_server *srv)
 	srv->max_parked = KVS_MAX_PARKED;
 	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur / 4 < KVS_MAX_PARKED)
 		srv->max_parked = (uint32_t)(rl.rlim_cur / 4);
+	/* one process may hold at most a share of the table (issue 16 #9) */
+	srv->parked_quota = srv->max_parked / 8;
+	if (srv->parked_quota < 2 * KVS_MAX_ALLOCS)
+		srv->parked_quota = 2 * KVS_MAX_ALLOCS < srv->max_parked ? 2 * KVS_MAX_ALLOCS : srv->max_parked;
 	/* a spare fd, released to accept-and-close a peer when the table is full */
 	srv->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
 	return 0;
@@ -168,26 +174,76 @@ void kvs__broker_accept(kvs_server *srv)
 		}
 		srv->st.broker_accepted++;
 		srv->conns[srv->n_conns++] = (kvs_broker_conn){
-			.fd = fd, .uid = cr.uid, .expires_ms = srv->now_ms + KVS_BROKER_CONN_IDLE_MS};
+			.fd = fd, .uid = cr.uid, .pid = cr.pid, .expires_ms = srv->now_ms + KVS_BROKER_CONN_IDLE_MS};
 	}
 }
 
 static void send_status(int fd, int status)
 {
-	uint8_t rep[KVS_BROKER_REP_BYTES] = {'K', 'V', 'S', 'R'};
-	uint32_t u = (uint32_t)status;
-	for (int i = 0; i < 4; i++)
-		rep[4 + i] = (uint8_t)(u >> (8 * i));
-	(void)kvs_fd_send(fd, rep, sizeof(rep), NULL, 0);
+	uint8_t rep[KVS_BROKER_REP_BYTES];
+	kvs_broker_rep_pack(status, rep);
+	(void)kvs_fd_send(fd, rep, sizeof(rep), NULL, 0); /* non-blocking; a full buffer loses it */
 }
 
+/* Parks every fd of one record under its entry's token, or none: returns 0,
+ * or the status to refuse the whole record with (the caller then still owns
+ * and closes every fd). */
+static int park_all(kvs_server *srv, const kvs_broker_conn *c, const kvs_broker_entry *e,
+		    const int *fds, uint32_t n)
+{
+	/* a token is good for one fd, once: not parked, not recently claimed, not
+	 * twice in this record */
+	for (uint32_t i = 0; i < n; i++) {
+		if (kvs_htab_get(srv->parked, e[i].token) ||
+		    (srv->consumed && kvs_htab_get(srv->consumed, e[i].token)))
+			return KVS_E_AUTH;
+		for (uint32_t j = 0; j < i; j++)
+			if (memcmp(e[i].token, e[j].token, 16) == 0)
+				return KVS_E_AUTH;
+	}
+	if (kvs_htab_count(srv->parked) + n > srv->max_parked)
+		return KVS_E_LIMIT;
+	/* one process may hold at most a share of the table, so a single client
+	 * cannot block every other registration (issue 16 #9) */
+	uint32_t mine = 0, quota = srv->parked_quota;
+	size_t pos = 0;
+	kvs_parked *q;
+	while ((q = kvs_htab_next(srv->parked, &pos)) != NULL)
+		mine += q->pid == c->pid;
+	if (mine + n > quota)
+		return KVS_E_LIMIT;
+	for (uint32_t i = 0; i < n; i++) {
+		kvs_parked *p = calloc(1, sizeof(*p));
+		if (p) {
+			memcpy(p->token, e[i].token, 16);
+			memcpy(p->alloc_id, e[i].alloc_id, 16);
+			p->size = e[i].size;
+			p->fd = fds[i];
+			p->uid = c->uid;
+			p->pid = c->pid;
+			p->expires_ms = srv->now_ms + srv->cfg.fd_park_ms;
+		}
+		if (!p || kvs_htab_put(srv->parked, p) < 0) {
+			free(p);
+			while (i-- > 0) /* unpark what this record parked; fds stay the caller's */
+				free(kvs_htab_del(srv->parked, e[i].token));
+			return KVS_E_INTERNAL;
+		}
+	}
+	return 0;
+}
+
+/* One record from a peer (protocol.md §13): version 1 (one entry) or 2 (up to
+ * KVS_BROKER_MAX_FDS entries). Reads at most one record per call and never
+ * blocks: the socket is non-blocking and the reply is sent MSG_DONTWAIT. */
 void kvs__broker_conn_ready(kvs_server *srv, int idx)
 {
 	kvs_broker_conn *c = &srv->conns[idx];
-	uint8_t rec[KVS_BROKER_REQ_BYTES + 1];
+	uint8_t rec[KVS_BROKER_REC_MAX + 1]; /* one more: a longer record is truncated, refused */
+	kvs_broker_entry ents[KVS_BROKER_MAX_FDS];
+	int fds[KVS_BROKER_MAX_FDS], nfds = 0;
 	size_t len = 0;
-	int fds[1], nfds = 0;
-	int r = kvs_fd_recv(c->fd, rec, sizeof(rec), &len, fds, 1, &nfds);
+	int r = kvs_fd_recv(c->fd, rec, sizeof(rec), &len, fds, KVS_BROKER_MAX_FDS, &nfds);
 	if (r == -EAGAIN)
 		return;
 	if (r < 0) {
@@ -198,54 +254,33 @@ void kvs__broker_conn_ready(kvs_server *srv, int idx)
 		conn_remove(srv, idx);
 		return;
 	}
-	kvs_broker_req req;
+	uint32_t n = 0;
+	int status = kvs_broker_rec_unpack(rec, len, ents, &n);
+	bool reply = true; /* refusals of a well-formed record say why; garbage gets no reply */
 	const char *why = NULL;
-	if (len != KVS_BROKER_REQ_BYTES)
-		why = "record of wrong length";
-	else if (nfds != 1)
-		why = "record without an fd";
-	else if (kvs_broker_req_unpack(rec, &req) != 0)
-		why = "bad magic, version or flags";
-	if (why) {
-		kvs_warn("dropping peer: %s", why);
-		srv->st.broker_rejected++;
-		if (nfds)
-			close(fds[0]);
-		conn_remove(srv, idx);
-		return;
+	if (status == KVS_E_VERSION) {
+		why = "unsupported record version (this server reads 1 and 2)";
+	} else if (status) {
+		why = "malformed record (length, magic, flags or entry count)";
+		reply = false;
+	} else if ((uint32_t)nfds != n) {
+		why = "fd count differs from the record's entry count";
+		status = KVS_E_BADMSG;
+		reply = false;
+	} else {
+		status = park_all(srv, c, ents, fds, n);
 	}
-	int status = 0;
-	if (kvs_htab_get(srv->parked, req.token) || (srv->consumed && kvs_htab_get(srv->consumed, req.token)))
-		status = KVS_E_AUTH; /* a token is good for one fd, once */
-	else if (kvs_htab_count(srv->parked) >= srv->max_parked)
-		status = KVS_E_LIMIT;
-	kvs_parked *p = NULL;
-	if (!status) {
-		p = calloc(1, sizeof(*p));
-		if (!p)
-			status = KVS_E_INTERNAL;
-	}
-	if (!status) {
-		memcpy(p->token, req.token, 16);
-		memcpy(p->alloc_id, req.alloc_id, 16);
-		p->size = req.size;
-		p->fd = fds[0];
-		p->uid = c->uid;
-		p->expires_ms = srv->now_ms + srv->cfg.fd_park_ms;
-		if (kvs_htab_put(srv->parked, p) < 0) {
-			free(p);
-			status = KVS_E_INTERNAL;
-		}
-	}
-	send_status(c->fd, status);
+	if (reply)
+		send_status(c->fd, status);
 	if (status) {
-		kvs_warn("refused record: %s", kvs_strerror(status));
+		kvs_warn("refused a record of %d fds: %s", nfds, why ? why : kvs_strerror(status));
 		srv->st.broker_rejected++;
-		close(fds[0]);
+		for (int i = 0; i < nfds; i++)
+			close(fds[i]);
 		conn_remove(srv, idx);
 		return;
 	}
-	srv->st.broker_parked++;
+	srv->st.broker_parked += n;
 	c->expires_ms = srv->now_ms + KVS_BROKER_CONN_IDLE_MS;
 }
 

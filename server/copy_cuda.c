@@ -210,11 +210,12 @@ void kvs_cuda_stream_destroy(kvs_cuda_engine *e, kvs_cuda_stream *s)
 	if (s->last)
 		CU(e, cuEventDestroy)(s->last);
 	if (s->stage) {
+		e->st.staging_bytes -= s->slot_bytes * STAGE_SLOTS;
 		if (e->n_spare_stage[s->dev] < 4 && s->slot_bytes == e->stage_bytes / STAGE_SLOTS / 4096 * 4096) {
 			e->spare_stage[s->dev][e->n_spare_stage[s->dev]++] = s->stage; /* kept for the next */
+			e->st.staging_spare_bytes += s->slot_bytes * STAGE_SLOTS;
 		} else {
 			CU(e, cuMemFree)(s->stage);
-			e->st.staging_bytes -= s->slot_bytes * STAGE_SLOTS;
 		}
 	}
 	free(s);
@@ -237,6 +238,7 @@ static bool stage_ready(kvs_cuda_engine *e, kvs_cuda_stream *s)
 	bool reused = false;
 	if (r == CUDA_SUCCESS && e->n_spare_stage[s->dev]) {
 		s->stage = e->spare_stage[s->dev][--e->n_spare_stage[s->dev]];
+		e->st.staging_spare_bytes -= s->slot_bytes * STAGE_SLOTS;
 		reused = true;
 	} else if (r == CUDA_SUCCESS) {
 		r = CU(e, cuMemAlloc)(&s->stage, s->slot_bytes * STAGE_SLOTS);
@@ -248,8 +250,8 @@ static bool stage_ready(kvs_cuda_engine *e, kvs_cuda_stream *s)
 			 (unsigned long long)(e->stage_bytes >> 20), s->dev, kvs_cuda_strerror(r));
 		return false;
 	}
-	if (!reused)
-		e->st.staging_bytes += s->slot_bytes * STAGE_SLOTS;
+	(void)reused;
+	e->st.staging_bytes += s->slot_bytes * STAGE_SLOTS;
 	/* work queued on s->s before staging existed: later submissions order
 	 * themselves after it through `last` */
 	if (CU(e, cuEventRecord)(s->last, s->s) != CUDA_SUCCESS)

@@ -86,7 +86,8 @@ typedef struct kvs_cuda_stats {
 	uint64_t staged_parts, staged_rounds, staged_bytes;
 	uint64_t parts, part_ns; /* parts completed; their time from queued to callback */
 	uint64_t submit_ns;      /* main-loop time spent queueing parts */
-	uint64_t staging_bytes;  /* device memory held for staging now */
+	uint64_t staging_bytes;  /* device memory held for staging by registrations now */
+	uint64_t staging_spare_bytes; /* staging memory of released registrations kept for the next */
 } kvs_cuda_stats;
 void kvs_cuda_get_stats(kvs_cuda_engine *e, kvs_cuda_stats *st);
 

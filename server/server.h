@@ -91,12 +91,14 @@ typedef struct kvs_parked {
 	uint64_t size;
 	int fd;
 	uid_t uid;
+	pid_t pid;     /* the process that pushed it (per-process quota) */
 	uint64_t expires_ms;
 } kvs_parked;
 
 typedef struct kvs_broker_conn {
 	int fd;
 	uid_t uid;
+	pid_t pid;
 	uint64_t expires_ms;
 } kvs_broker_conn;
 
@@ -127,6 +129,8 @@ struct kvs_server {
 	int broker_fd;
 	int spare_fd;        /* reserve fd for EMFILE on accept */
 	uint32_t max_parked; /* bounded by the fd limit */
+	uint32_t parked_quota; /* parked fds one process may hold: an eighth of max_parked,
+	                        * at least two registrations' worth, at most max_parked */
 	char broker_path[300];
 	struct kvs_cq *cq; /* completion queue: work finished on other threads */
 	bool stopping;

@@ -123,6 +123,7 @@ uint32_t kvs__stats_collect(kvs_server *srv, kvs_counter *c, char (*names)[32])
 	C("cuda_staged_rounds", cs.staged_rounds);
 	C("cuda_staged_bytes", cs.staged_bytes);
 	C("cuda_staging_bytes", cs.staging_bytes);
+	C("cuda_staging_spare_bytes", cs.staging_spare_bytes);
 	C("cuda_parts", cs.parts);
 	C("cuda_part_us", cs.part_ns / 1000);
 	C("cuda_submit_us", cs.submit_ns / 1000);

@@ -81,6 +81,14 @@ typedef struct kvs_client_config {
 	int timeout_ms;         /**< default request timeout; 0: 10000 */
 	kvs_event_fn on_event;  /**< may be NULL */
 	void *event_arg;
+	/** tcp:// endpoints of a server with CURVE (protocol.md §1): the
+	 *  server's public key and this client's key pair, Z85 (40 characters
+	 *  each); NULL: plain (ipc, or a server started with insecure-tcp). All
+	 *  three or none; a key of another length fails kvs_client_open with
+	 *  -EINVAL. */
+	const char *curve_server_key;
+	const char *curve_public_key;
+	const char *curve_secret_key;
 } kvs_client_config;
 
 /** Opens a session: starts the I/O thread and waits up to cfg->timeout_ms

@@ -7,6 +7,10 @@
 #                                 `kvside-bench gpu`, logs in ${OUT:-gpu-logs}/
 #                                 (nvidia-smi.txt, gpu-suite-<path>.log, gpu-preload.log,
 #                                 gpu-bench.md, gpu-bench.err)
+#   tests/gpu/gpu-run.sh remote-event stores after late and never-firing CUDA
+#                                 producer events (test_gpu_event): gpu-event.log
+#   tests/gpu/gpu-run.sh remote-compare the GPU benchmark of BASE (build-base)
+#                                 and build back to back (carry both)
 #   tests/gpu/gpu-run.sh remote-bench the GPU benchmark alone (TAG names the
 #                                 output, env such as KVS_CUDA_STAGE_BYTES=0
 #                                 selects the engine's path)
@@ -88,6 +92,34 @@ remote)
   fi
   timeout 900 build/tests/bench/kvside-bench gpu ${BENCH_ARGS:-} > "$out/gpu-bench.md" 2> "$out/gpu-bench.err" || rc=$?
   cat "$out/gpu-bench.md"
+  exit $rc
+  ;;
+remote-event)
+  # stores after CUDA producer events (late, never firing): test_gpu_event
+  export LD_LIBRARY_PATH=$PWD/.gpu-bundle/lib:${LD_LIBRARY_PATH:-}
+  export KVS_SERVER=$PWD/build/server/kvside-server
+  out=${OUT:-gpu-logs}
+  mkdir -p "$out"
+  rc=0
+  timeout 120 build/tests/gpu/test_gpu_event > "$out/gpu-event.log" 2>&1 || rc=$?
+  echo "gpu event test: exit $rc"; grep -Ev '^[0-9]{4}-[0-9]{2}-[0-9]{2}T' "$out/gpu-event.log" | tail -8
+  exit $rc
+  ;;
+remote-compare)
+  # the GPU benchmark of two builds back to back on this machine, the same
+  # run configuration: BASE (default build-base, e.g. the previous commit's
+  # build carried along) then build; gpu-bench-base.md, gpu-bench-new.md
+  export LD_LIBRARY_PATH=$PWD/.gpu-bundle/lib:${LD_LIBRARY_PATH:-}
+  out=${OUT:-gpu-logs}
+  mkdir -p "$out"
+  base=${BASE:-build-base}
+  rc=0
+  for b in "$base:base" "build:new"; do
+    dir=${b%%:*} tag=${b##*:}
+    KVS_SERVER=$PWD/$dir/server/kvside-server timeout 280 $dir/tests/bench/kvside-bench gpu ${BENCH_ARGS:-} \
+      > "$out/gpu-bench-$tag.md" 2> "$out/gpu-bench-$tag.err" || rc=$?
+    echo "== $tag ($dir)"; cat "$out/gpu-bench-$tag.md"
+  done
   exit $rc
   ;;
 remote-bench)

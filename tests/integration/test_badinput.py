@@ -641,9 +641,17 @@ class Test:
         bad("record of 49 bytes", self.record(tok) + b"\0", (fd1,))
         bad("record of 4096 bytes", self.record(tok) + b"\0" * 4048, (fd1,))
         bad("wrong magic", self.record(tok, magic=b"KVSX"), (fd1,))
-        bad("version 2", self.record(tok, version=2), (fd1,))
+        bad("version 2 header over a version 1 body", self.record(tok, version=2), (fd1,))
         bad("flags 1", self.record(tok, flags=1), (fd1,))
         bad("reply magic sent as a request", b"KVSR" + b"\0" * 44, (fd1,))
+        # a version this server does not read: refused with E_VERSION, then closed
+        s = self.bconnect()
+        self.bsend(s, self.record(tok, version=3), (fd1,))
+        rep = self.brecv(s)
+        check(rep == b"KVSR" + struct.pack("<i", ERR["E_VERSION"]), "version 3: reply %r" % rep)
+        self.expect_closed(s, "version 3")
+        self.broker_check("version 3", base_parked, 1)
+        self.cases.append("broker: version 3 (E_VERSION)")
         s = self.bconnect()  # SCM_CREDENTIALS instead of SCM_RIGHTS: no fd
         s.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
         s.sendmsg([self.record(tok)], [(socket.SOL_SOCKET, socket.SCM_CREDENTIALS,

@@ -116,6 +116,21 @@ class AuthTest(unittest.TestCase):
                 f.write(stranger[0].decode() + "\n")
             os.utime(keys, None)
             self.assertTrue(self.peer(ep, server_pub, stranger).hello()["ok"])
+            # libkvside (the Python binding) over tcp with CURVE keys
+            with kvside.Client("lib", "ns", role="scheduler", endpoint=ep, timeout_ms=3000,
+                               curve_keys=(server_pub, client[0], client[1])) as lc:
+                self.assertIn("auth_refused", lc.stats())
+                with self.assertRaises(kvside.KvsideError) as cm:
+                    lc.admin("status")
+                self.assertIn("E_AUTH", str(cm.exception))
+            with kvside.Client("lib", "ns", role="scheduler", endpoint=ep, timeout_ms=3000,
+                               curve_keys=(server_pub, admin[0], admin[1])) as lc:
+                lc.admin("status")
+            with self.assertRaises(kvside.KvsideError):  # a key not listed: no session
+                kvside.Client("lib", "ns", role="scheduler", endpoint=ep, timeout_ms=1000,
+                              curve_keys=(server_pub,) + zmq.curve_keypair())
+            with self.assertRaises(ValueError):
+                kvside.Client("lib", "ns", role="scheduler", endpoint=ep, curve_keys=(server_pub, client[0]))
             # over ipc, the server's own UID is an operator
             with kvside.Client("ops", "ns", role="scheduler", broker_dir=srv.run) as lc:
                 self.assertTrue(lc.admin("status") is not None)

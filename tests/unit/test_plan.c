@@ -1275,6 +1275,7 @@ START_TEST(roundtrip_hybrid)
 	kvs_plan_free_tasks(pl.tasks, pl.n_tasks);
 	free(pl.objs);
 	free(pl.geoms);
+	free(pl.chunk);
 	free(pl.evh);
 	memset(&pl, 0, sizeof(pl));
 

@@ -78,7 +78,8 @@ _ClientConfig._fields_ = [
     ("endpoint", ctypes.c_char_p), ("broker_dir", ctypes.c_char_p), ("engine", ctypes.c_char_p),
     ("ns", ctypes.c_char_p), ("role", ctypes.c_int), ("rank", ctypes.c_uint32),
     ("world", ctypes.c_uint32), ("timeout_ms", ctypes.c_int), ("on_event", _EVENT_FN),
-    ("event_arg", ctypes.c_void_p)]
+    ("event_arg", ctypes.c_void_p), ("curve_server_key", ctypes.c_char_p),
+    ("curve_public_key", ctypes.c_char_p), ("curve_secret_key", ctypes.c_char_p)]
 
 
 class _JobInfoOut(ctypes.Structure):
@@ -432,7 +433,9 @@ class Client:
     library's I/O thread."""
 
     def __init__(self, engine, namespace, role="worker", rank=0, world=1, broker_dir=None,
-                 endpoint=None, timeout_ms=10000, on_event=None):
+                 endpoint=None, timeout_ms=10000, on_event=None, curve_keys=None):
+        """curve_keys: (server public key, client public key, client secret
+        key), Z85 strings, for a tcp:// endpoint of a server with CURVE."""
         if role not in _ROLES:
             raise ValueError("role must be 'worker' or 'scheduler'")
         self._c = None
@@ -442,10 +445,14 @@ class Client:
         self._inflight_lock = threading.Lock()
         self._next_token = 1
         self._event_fn = _EVENT_FN(self._on_event) if on_event else _EVENT_FN()
-        self._strings = [s.encode() if s is not None else None
-                         for s in (endpoint, broker_dir, engine, namespace)]
+        keys = tuple(curve_keys) if curve_keys else (None, None, None)
+        if len(keys) != 3:
+            raise ValueError("curve_keys: (server public key, client public key, client secret key)")
+        self._strings = [s if isinstance(s, bytes) or s is None else s.encode()
+                         for s in (endpoint, broker_dir, engine, namespace) + keys]
         cfg = _ClientConfig(self._strings[0], self._strings[1], self._strings[2], self._strings[3],
-                            _ROLES[role], rank, world, timeout_ms, self._event_fn, None)
+                            _ROLES[role], rank, world, timeout_ms, self._event_fn, None,
+                            self._strings[4], self._strings[5], self._strings[6])
         c = ctypes.c_void_p()
         _check(_lib.kvs_client_open(ctypes.byref(cfg), ctypes.byref(c)), "open")
         self._c = c

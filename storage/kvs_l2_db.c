@@ -1,0 +1,205 @@
+/* L2 records and databases: the object header (format version 2, bound to
+ * its key), metadata counts, LRU stamps and eviction — the work done inside
+ * a transaction. See kvs_l2_impl.h. */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <xxhash.h>
+
+#define KVS_LOG_COMPONENT "l2"
+#include "kvs_l2_impl.h"
+
+/* ---- records ------------------------------------------------------------------ */
+
+/* Fingerprint of a value as found: its size and header bytes. */
+uint64_t kvs__l2_value_fp(const MDB_val *v)
+{
+	return XXH3_64bits(v->mv_data, v->mv_size < HDR_BYTES ? v->mv_size : HDR_BYTES) ^ v->mv_size;
+}
+
+/* The checksum's seed: XXH3-64 of the header with the checksum field 0 and
+ * the key the object is written or read under — so the checksum binds the
+ * data to that key too, beside the header's key field. */
+uint64_t kvs__l2_hdr_seed(const l2_hdr *h, const kvs_objkey *key)
+{
+	l2_hdr z = *h;
+	z.checksum = 0;
+	z.key = *key;
+	return XXH3_64bits(&z, sizeof(z));
+}
+
+/* Classifies a record found under key: HDR_BAD (too short, another magic or
+ * format version, length field not the value's: unusable by anyone),
+ * HDR_KEY (written under another key), HDR_GEOM (another geometry), or
+ * HDR_OK with *h filled. */
+int kvs__l2_check_hdr(const MDB_val *v, const kvs_objkey *key, uint64_t geom, l2_hdr *h)
+{
+	if (v->mv_size < HDR_BYTES)
+		return HDR_BAD;
+	memcpy(h, v->mv_data, HDR_BYTES);
+	if (memcmp(h->magic, "KVL2", 4) != 0 || h->version != FORMAT_VERSION || h->len != v->mv_size - HDR_BYTES)
+		return HDR_BAD;
+	if (memcmp(&h->key, key, sizeof(*key)) != 0)
+		return HDR_KEY;
+	if (h->geom != geom)
+		return HDR_GEOM;
+	return HDR_OK;
+}
+
+/* A reader found the record under key unusable: count it, queue its
+ * deletion (the writer deletes it only if it is still the same value). */
+void kvs__l2_drop_found(kvs_l2 *l2, const kvs_objkey *key, const MDB_val *v, int why)
+{
+	uint64_t fp = kvs__l2_value_fp(v);
+	pthread_mutex_lock(&l2->mu);
+	if (why == HDR_KEY)
+		l2->st.key_mismatches++;
+	else if (why == HDR_BAD)
+		l2->st.header_mismatches++;
+	else
+		l2->st.checksum_failures++;
+	if (l2->n_drops < MAX_TOUCHES)
+		l2->drops[l2->n_drops++] = (l2_drop){.key = *key, .fp = fp}; /* never served: delete it */
+	pthread_cond_signal(&l2->wcv);
+	pthread_mutex_unlock(&l2->mu);
+	kvs_warn_rl(&l2->rl_bad, "%s: record dropped",
+		    why == HDR_KEY ? "record found under another object's key"
+		    : why == HDR_BAD ? "record of another format version or with a damaged header"
+				     : "checksum mismatch");
+}
+
+/* ---- metadata, stamps, eviction (writer txn) ------------------------------------ */
+
+uint64_t kvs__l2_meta_get(MDB_txn *txn, MDB_dbi dbi, const char *name)
+{
+	MDB_val k = {strlen(name), (void *)name}, v;
+	uint64_t x = 0;
+	if (mdb_get(txn, dbi, &k, &v) == 0 && v.mv_size == 8)
+		memcpy(&x, v.mv_data, 8);
+	return x;
+}
+
+int kvs__l2_meta_put(MDB_txn *txn, MDB_dbi dbi, const char *name, uint64_t x)
+{
+	MDB_val k = {strlen(name), (void *)name}, v = {8, &x};
+	return mdb_put(txn, dbi, &k, &v, 0);
+}
+
+static void lru_key(uint8_t out[8 + sizeof(kvs_objkey)], uint64_t stamp, const kvs_objkey *key)
+{
+	for (int i = 0; i < 8; i++)
+		out[i] = (uint8_t)(stamp >> (56 - 8 * i)); /* big-endian: cursor order = age */
+	memcpy(out + 8, key, sizeof(*key));
+}
+
+/* Removes an object and its stamps; returns the value bytes freed (0 if absent). */
+uint64_t kvs__l2_del_object(kvs_l2 *l2, MDB_txn *txn, const kvs_objkey *key)
+{
+	MDB_val k = {sizeof(*key), (void *)key}, v;
+	uint64_t freed = 0;
+	if (mdb_get(txn, l2->obj, &k, &v) == 0) {
+		freed = v.mv_size;
+		mdb_del(txn, l2->obj, &k, NULL);
+	}
+	if (mdb_get(txn, l2->atime, &k, &v) == 0 && v.mv_size == 8) {
+		uint64_t stamp;
+		memcpy(&stamp, v.mv_data, 8);
+		uint8_t lk[8 + sizeof(kvs_objkey)];
+		lru_key(lk, stamp, key);
+		MDB_val lv = {sizeof(lk), lk};
+		mdb_del(txn, l2->lru, &lv, NULL);
+		mdb_del(txn, l2->atime, &k, NULL);
+	}
+	return freed;
+}
+
+int kvs__l2_stamp(kvs_l2 *l2, MDB_txn *txn, const kvs_objkey *key)
+{
+	MDB_val k = {sizeof(*key), (void *)key}, v;
+	uint8_t lk[8 + sizeof(kvs_objkey)];
+	if (mdb_get(txn, l2->atime, &k, &v) == 0 && v.mv_size == 8) {
+		uint64_t old;
+		memcpy(&old, v.mv_data, 8);
+		lru_key(lk, old, key);
+		MDB_val lv = {sizeof(lk), lk};
+		mdb_del(txn, l2->lru, &lv, NULL);
+	}
+	uint64_t now = ++l2->clock;
+	lru_key(lk, now, key);
+	MDB_val lv = {sizeof(lk), lk}, empty = {0, NULL};
+	MDB_val sv = {8, &now};
+	int rc = mdb_put(txn, l2->lru, &lv, &empty, 0);
+	if (!rc)
+		rc = mdb_put(txn, l2->atime, &k, &sv, 0);
+	return rc;
+}
+
+/* Bytes of the map the databases occupy now (branch, leaf and overflow
+ * pages; free pages not counted): what fills the map, whatever the objects'
+ * byte count says (an object of 32 KiB + header takes 9 pages). */
+uint64_t kvs__l2_used_bytes(kvs_l2 *l2, MDB_txn *txn)
+{
+	MDB_dbi dbs[4] = {l2->obj, l2->lru, l2->atime, l2->meta};
+	uint64_t pages = 0;
+	for (int i = 0; i < 4; i++) {
+		MDB_stat st;
+		if (mdb_stat(txn, dbs[i], &st) == 0)
+			pages += st.ms_branch_pages + st.ms_leaf_pages + st.ms_overflow_pages;
+	}
+	return pages * l2->psize;
+}
+
+/* Map bytes one object of len data bytes takes (its overflow pages). */
+uint64_t kvs__l2_obj_pages(const kvs_l2 *l2, uint64_t len)
+{
+	uint64_t need = HDR_BYTES + len + 16; /* node header */
+	return (need + l2->psize - 1) / l2->psize * l2->psize;
+}
+
+/* Deletes least-recently-used objects until *bytes <= target and the pages
+ * in use are at most page_target, or until they freed max_freed bytes; adds
+ * their number to *evicted (counted by the caller once the transaction
+ * commits). */
+int kvs__l2_evict_to(kvs_l2 *l2, MDB_txn *txn, uint64_t *bytes, uint64_t *objects, uint64_t target,
+		     uint64_t page_target, uint64_t max_freed, uint64_t *evicted)
+{
+	uint64_t start = *bytes;
+	MDB_cursor *cur;
+	int rc = mdb_cursor_open(txn, l2->lru, &cur);
+	if (rc)
+		return rc;
+	uint64_t n = 0;
+	MDB_val k, v;
+	while ((*bytes > target || kvs__l2_used_bytes(l2, txn) > page_target) && start - *bytes < max_freed &&
+	       (rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST)) == 0) {
+		kvs_objkey key;
+		if (k.mv_size != 8 + sizeof(key)) {
+			mdb_cursor_del(cur, 0);
+			continue;
+		}
+		memcpy(&key, (uint8_t *)k.mv_data + 8, sizeof(key));
+		mdb_cursor_del(cur, 0);
+		MDB_val ok = {sizeof(key), &key}, ov;
+		if (mdb_get(txn, l2->obj, &ok, &ov) == 0) {
+			*bytes -= ov.mv_size < *bytes ? ov.mv_size : *bytes;
+			if (*objects)
+				(*objects)--;
+			mdb_del(txn, l2->obj, &ok, NULL);
+			n++;
+			if (l2->cfg.report_evictions && l2->n_evicted == l2->cap_evicted) {
+				uint32_t cap = l2->cap_evicted ? 2 * l2->cap_evicted : 256;
+				kvs_objkey *nk = realloc(l2->evicted, cap * sizeof(*nk));
+				if (nk) {
+					l2->evicted = nk;
+					l2->cap_evicted = cap;
+				}
+			}
+			if (l2->cfg.report_evictions && l2->n_evicted < l2->cap_evicted)
+				l2->evicted[l2->n_evicted++] = key; /* reported once committed */
+		}
+		mdb_del(txn, l2->atime, &ok, NULL);
+	}
+	mdb_cursor_close(cur);
+	*evicted += n;
+	return rc == MDB_NOTFOUND ? 0 : rc;
+}

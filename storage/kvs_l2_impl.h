@@ -1,0 +1,153 @@
+/* kvs_l2 internals shared by the files of the L2 tier — not an API:
+ * kvs_l2.c (queues, writer and reader threads, open and close, the owner
+ * API), kvs_l2_db.c (record headers, metadata counts, LRU stamps,
+ * eviction), kvs_l2_env.c (opening the environment, crash-loop detection,
+ * setting a corrupt one aside) and kvs_l2_disk.c (the map and the disk
+ * blocks under it). */
+#ifndef KVS_L2_IMPL_H
+#define KVS_L2_IMPL_H
+
+#include <lmdb.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvs_cq.h"
+#include "kvs_l2.h"
+#include "kvs_log.h"
+
+#define HDR_BYTES 96
+/* 2: the header holds the full object key and the checksum is seeded with
+ * the header's hash (1: namespace digest only, data-only checksum). Records
+ * of another version are misses and are deleted when found. */
+#define FORMAT_VERSION 2
+#define MAX_TOUCHES 65536
+#define HIGH_PCT 85
+#define LOW_PCT 70
+/* the pages in use (objects' overflow pages, B-trees) may reach this much of
+ * `size` before eviction, whatever the byte count says; the map itself is
+ * RESERVE_PCT larger than `size`, so an evicting transaction always has
+ * pages to copy-on-write into */
+#define PAGES_HIGH_PCT 95
+#define PAGES_LOW_PCT 80
+#define RESERVE_PCT 6
+/* On-disk object header (little-endian host order; the format version
+ * guards layout changes). */
+typedef struct l2_hdr {
+	char magic[4];     /* "KVL2" */
+	uint16_t version;  /* FORMAT_VERSION */
+	uint16_t flags;
+	uint64_t geom;     /* geometry fingerprint of the group's layout */
+	uint64_t len;      /* data bytes following the header */
+	uint64_t checksum; /* XXH3-64 of the data, seeded with XXH3-64 of this header (checksum 0) */
+	kvs_objkey key;    /* the key the record was written under */
+} l2_hdr;
+_Static_assert(sizeof(l2_hdr) == HDR_BYTES, "header must stay 96 bytes");
+_Static_assert(offsetof(l2_hdr, key) == 32, "header layout");
+
+typedef struct l2_item l2_item; /* kvs_l2.c */
+
+typedef struct l2_list {
+	l2_item *head, *tail;
+	uint64_t n, bytes;
+} l2_list;
+
+/* A record to delete, found unusable by a reader: fp fingerprints the value
+ * as it was found, so that a record rewritten since is not deleted. */
+typedef struct l2_drop {
+	kvs_objkey key;
+	uint64_t fp;
+} l2_drop;
+
+/* Invariants: every queued item is on exactly one of wq, rq, done, or in a
+ * thread's hands; bytes (guarded by mu) equals the sum of value sizes in the
+ * obj database as of the last commit. Every page a write transaction may
+ * touch lies below alloc_end while the map is capped (map_now < map_full):
+ * the map ends there. */
+struct kvs_l2 {
+	kvs_l2_config cfg;
+	char path[512];
+	MDB_env *env;
+	MDB_dbi obj, lru, atime, meta;
+	pthread_mutex_t mu;
+	pthread_cond_t wcv, rcv;
+	l2_list wq, rq, done;
+	kvs_cq_item ready;        /* posted to cfg.cq when done has entries */
+	atomic_bool ready_posted; /* ready is on the queue */
+	kvs_objkey *touches; /* pending access stamps */
+	uint32_t n_touches;
+	l2_drop *drops; /* records found unusable by readers: delete them */
+	uint32_t n_drops;
+	bool stop;
+	/* Map and disk. Any transaction but the writer's holds maplock for
+	 * reading; the writer holds it for writing while it resizes the map
+	 * (LMDB unmaps and maps again: no transaction may be open). */
+	pthread_rwlock_t maplock;
+	bool broken;       /* a resize failed: the environment has no map (guarded by maplock) */
+	uint8_t *map_base; /* the environment's map (WRITEMAP) and data file */
+	int fd;
+	uint64_t map_full;  /* the map wanted: size + reserve (or an existing larger one) */
+	uint64_t map_now;   /* writer-owned: the map in effect, smaller while a full disk caps it */
+	uint64_t alloc_end; /* writer-owned: data.mdb bytes known to have blocks on disk */
+	uint64_t slack;     /* bytes allocated ahead of LMDB's next page beyond a batch */
+	uint64_t capacity;  /* writer-owned: what the watermarks take as the size */
+	bool falloc;        /* the file system preallocates (fallocate) */
+	pthread_t writer, reader;
+	bool writer_started, reader_started;
+	uint64_t clock; /* writer-owned logical time */
+	uint64_t psize; /* LMDB page size */
+	kvs_objkey *evicted; /* writer-owned: keys evicted by the transaction in progress */
+	uint32_t n_evicted, cap_evicted;
+	/* crash-loop detection (l2_state) */
+	int state_fd;
+	pthread_mutex_t state_mu;
+	uint32_t txn_depth; /* write transactions open now (guarded by state_mu) */
+	bool committed;     /* a write transaction of this run has committed (state_mu) */
+	atomic_int inject;  /* kvs__l2_inject */
+	kvs_ratelimit rl_commit, rl_disk, rl_bad, rl_corrupt;
+	kvs_l2_stats st; /* guarded by mu */
+};
+
+/* ---- kvs_l2_db.c: records and the databases (inside a transaction) ---- */
+
+enum { HDR_OK, HDR_BAD, HDR_KEY, HDR_GEOM };
+uint64_t kvs__l2_value_fp(const MDB_val *v);
+uint64_t kvs__l2_hdr_seed(const l2_hdr *h, const kvs_objkey *key);
+int kvs__l2_check_hdr(const MDB_val *v, const kvs_objkey *key, uint64_t geom, l2_hdr *h);
+void kvs__l2_drop_found(kvs_l2 *l2, const kvs_objkey *key, const MDB_val *v, int why);
+uint64_t kvs__l2_meta_get(MDB_txn *txn, MDB_dbi dbi, const char *name);
+int kvs__l2_meta_put(MDB_txn *txn, MDB_dbi dbi, const char *name, uint64_t x);
+uint64_t kvs__l2_del_object(kvs_l2 *l2, MDB_txn *txn, const kvs_objkey *key);
+int kvs__l2_stamp(kvs_l2 *l2, MDB_txn *txn, const kvs_objkey *key);
+uint64_t kvs__l2_used_bytes(kvs_l2 *l2, MDB_txn *txn);
+uint64_t kvs__l2_obj_pages(const kvs_l2 *l2, uint64_t len);
+int kvs__l2_evict_to(kvs_l2 *l2, MDB_txn *txn, uint64_t *bytes, uint64_t *objects, uint64_t target,
+		     uint64_t page_target, uint64_t max_freed, uint64_t *evicted);
+
+/* ---- kvs_l2_env.c: opening, crash-loop detection ---- */
+
+bool kvs__l2_corrupt_err(int rc);
+void kvs__l2_install_fatal(void);
+void kvs__l2_work_enter(kvs_l2 *l2, bool write);
+void kvs__l2_work_leave(kvs_l2 *l2, bool write, bool committed);
+void kvs__l2_note_error(kvs_l2 *l2, int rc, const char *what);
+int kvs__l2_set_aside(kvs_l2 *l2, const char *why);
+void kvs__l2_state_open(kvs_l2 *l2, const char **ret_why, char *buf, size_t cap);
+void kvs__l2_state_close(kvs_l2 *l2);
+int kvs__l2_env_open(kvs_l2 *l2);
+/* The writer and reader threads: all their work is L2 work (the fault
+ * handler's marker), on an alternate signal stack; end frees it. */
+void *kvs__l2_thread_begin(kvs_l2 *l2);
+void kvs__l2_thread_end(void *alt);
+
+/* ---- kvs_l2_disk.c: the map and the disk blocks under it ---- */
+
+void kvs__l2_find_map_base(kvs_l2 *l2, uint64_t mapsize);
+uint64_t kvs__l2_round_pages(const kvs_l2 *l2, uint64_t x);
+void kvs__l2_set_capacity(kvs_l2 *l2);
+void kvs__l2_disk_reserve(kvs_l2 *l2, uint64_t incoming);
+void kvs__l2_disk_open(kvs_l2 *l2);
+
+#endif
