@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite: unit + integration + bench-smoke + e2e + vllm +
 # sglang + wheel + ops + l3 (the Redis Cluster client against a cluster the
-# test starts) in a normal build; the multi-process integration tests again
+# test starts) + chaos (faults injected into real servers, docs/reliability.md)
+# in a normal build; the multi-process integration tests again
 # with the server under valgrind (leaks and errors fail them); unit +
 # integration in an ASan+UBSan build; then the libFuzzer decoder harness
 # for FUZZ_SECONDS (60).
@@ -28,7 +29,7 @@ build() { # dir args...
   ninja -C "$d" >/dev/null || { ninja -C "$d"; return 1; }
 }
 if build build; then
-  run_suite build "normal build" --suite unit --suite integration --suite bench-smoke --suite e2e --suite vllm --suite sglang --suite wheel --suite ops --suite l3
+  run_suite build "normal build" --suite unit --suite integration --suite bench-smoke --suite e2e --suite vllm --suite sglang --suite wheel --suite ops --suite l3 --suite chaos
   run_suite build "server under valgrind" --setup valgrind spine jobs hybrid ops python_binding
 else failed=$((failed + 1)); fi
 if build build-asan -Db_sanitize=address,undefined -Db_lundef=false; then
