@@ -432,17 +432,16 @@ static void *writer_main(void *arg)
 			kvs_warn_rl(&l2->rl_commit, "L2 %s: group commit of %u objects failed: %s", l2->path, nb,
 				    mdb_strerror(rc));
 		}
-		/* a page with no room, a transaction LMDB itself invalidated: a
-		 * healthy environment does not keep answering that; three group
-		 * commits in a row mean a damaged B-tree (chaos scenario 4): the
-		 * next start sets the file aside */
+		/* a page with no room (LMDB's internal error) or a transaction
+		 * LMDB itself invalidated: a healthy environment never answers a
+		 * group commit so (the map-full path aborts and retries cleanly);
+		 * after random B-tree damage it answers so on every commit of
+		 * every start (chaos scenario 4): the next start sets it aside */
 		if (rc == MDB_PAGE_FULL || rc == MDB_BAD_TXN) {
-			if (++l2->suspect_fails == 3)
+			if (l2->suspect_fails++ == 0)
 				kvs__l2_note_error(l2, MDB_CORRUPTED, rc == MDB_PAGE_FULL
-					? "three group commits in a row failed with MDB_PAGE_FULL"
-					: "three group commits in a row failed with MDB_BAD_TXN");
-		} else if (!rc) {
-			l2->suspect_fails = 0;
+					? "a group commit failed with MDB_PAGE_FULL"
+					: "a group commit failed with MDB_BAD_TXN");
 		}
 
 		pthread_mutex_lock(&l2->mu);
