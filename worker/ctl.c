@@ -36,7 +36,10 @@ static void usage(FILE *f)
 		"Options:\n"
 		"  --broker-dir DIR          the server's run directory (default as the server's)\n"
 		"  --endpoint ENDPOINT       the server's ZeroMQ endpoint (default ipc://DIR/kvside.zmq)\n"
-		"  --config FILE             take broker-dir and listen from the server's YAML file\n"
+		"  --curve-server-key KEY    a tcp:// server's public key (Z85; first line of its server.key)\n"
+		"  --curve-keys FILE         this client's CURVE key pair: public then secret key (Z85);\n"
+		"                            operator commands need the key listed `admin` (authorized-keys)\n"
+		"  --config FILE             take broker-dir (and an ipc listen) from the server's YAML file\n"
 		"  --namespace NS            namespace for lookup keys and geometry (default kvside-ctl)\n"
 		"  --engine NAME             engine whose jobs `jobs` shows (default kvside-ctl)\n"
 		"  --world N                 world of the engine, for lookup (default 1)\n"
@@ -326,6 +329,8 @@ static char *read_file(const char *path)
 typedef struct ctl_opts {
 	const char *broker, *endpoint, *ns, *engine;
 	const char *tokens_arg, *tokens_file;
+	const char *curve_server_key;      /* --curve-server-key */
+	char curve_pub[64], curve_sec[64]; /* --curve-keys FILE: "public secret", Z85 */
 	uint64_t world, chunk, wait_ms, timeout;
 	char cfg_broker[600], cfg_listen[600]; /* from --config */
 } ctl_opts;
@@ -346,7 +351,8 @@ static int read_server_config(const char *path, ctl_opts *o)
 	free(sc);
 	if (o->cfg_broker[0] && !o->broker)
 		o->broker = o->cfg_broker;
-	if (o->cfg_listen[0] && !o->endpoint)
+	/* a tcp:// listen is bound beside the ipc endpoint: locally, ipc */
+	if (o->cfg_listen[0] && !o->endpoint && strncmp(o->cfg_listen, "tcp://", 6) != 0)
 		o->endpoint = o->cfg_listen;
 	return -1;
 }
@@ -356,10 +362,12 @@ static int read_server_config(const char *path, ctl_opts *o)
 static int parse_options(int argc, char **argv, ctl_opts *o)
 {
 	enum { O_BROKER = 1, O_ENDPOINT, O_CONFIG, O_NS, O_ENGINE, O_WORLD, O_CHUNK, O_WAIT, O_TIMEOUT,
-	       O_JSON, O_TOKENS, O_TOKFILE, O_HELP, O_VERSION };
+	       O_JSON, O_TOKENS, O_TOKFILE, O_HELP, O_VERSION, O_CURVE_SERVER, O_CURVE_KEYS };
 	static const struct option opts[] = {
 		{"broker-dir", required_argument, NULL, O_BROKER},
 		{"endpoint", required_argument, NULL, O_ENDPOINT},
+		{"curve-server-key", required_argument, NULL, O_CURVE_SERVER},
+		{"curve-keys", required_argument, NULL, O_CURVE_KEYS},
 		{"config", required_argument, NULL, O_CONFIG},
 		{"namespace", required_argument, NULL, O_NS},
 		{"engine", required_argument, NULL, O_ENGINE},
@@ -379,6 +387,16 @@ static int parse_options(int argc, char **argv, ctl_opts *o)
 		switch (c) {
 		case O_BROKER: o->broker = optarg; break;
 		case O_ENDPOINT: o->endpoint = optarg; break;
+		case O_CURVE_SERVER: o->curve_server_key = optarg; break;
+		case O_CURVE_KEYS: {
+			FILE *f = fopen(optarg, "r");
+			int ok = f && fscanf(f, "%63s %63s", o->curve_pub, o->curve_sec) == 2;
+			if (f)
+				fclose(f);
+			if (!ok)
+				return fail_usage("--curve-keys: '%s' does not hold a public and a secret key (Z85)", optarg);
+			break;
+		}
 		case O_CONFIG:
 			if ((r = read_server_config(optarg, o)) >= 0)
 				return r;
@@ -503,6 +521,13 @@ int main(int argc, char **argv)
 	kvs_client_config cfg = {.endpoint = o.endpoint, .broker_dir = o.broker, .engine = o.engine, .ns = o.ns,
 				 .role = KVS_ROLE_SCHEDULER, .rank = 0, .world = (uint32_t)o.world,
 				 .timeout_ms = (int)o.timeout};
+	if (o.curve_server_key || o.curve_pub[0]) {
+		if (!o.curve_server_key || !o.curve_pub[0])
+			return fail_usage("%s", "--curve-server-key and --curve-keys go together");
+		cfg.curve_server_key = o.curve_server_key;
+		cfg.curve_public_key = o.curve_pub;
+		cfg.curve_secret_key = o.curve_sec;
+	}
 	kvs_client *cl = NULL;
 	int r = kvs_client_open(&cfg, &cl);
 	if (r) {

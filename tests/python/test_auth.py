@@ -11,6 +11,7 @@ engine speaks it. Environment as tests/python/test_binding.py."""
 import os
 import socket
 import stat
+import subprocess
 import time
 import unittest
 
@@ -131,6 +132,25 @@ class AuthTest(unittest.TestCase):
                               curve_keys=(server_pub,) + zmq.curve_keypair())
             with self.assertRaises(ValueError):
                 kvside.Client("lib", "ns", role="scheduler", endpoint=ep, curve_keys=(server_pub, client[0]))
+            # kvside-ctl over tcp: an admin key may, a client key may not
+            ctl = os.path.join(os.path.dirname(os.path.dirname(os.environ["KVS_SERVER"])), "worker", "kvside-ctl")
+            for name, kp, want in (("admin", admin, 0), ("client", client, None)):
+                kf2 = os.path.join(srv.tmp, name + ".keys")
+                with open(kf2, "w") as f:
+                    f.write("%s\n%s\n" % (kp[0].decode(), kp[1].decode()))
+                p = subprocess.run([ctl, "--endpoint", ep, "--curve-server-key", server_pub.decode(),
+                                    "--curve-keys", kf2, "--timeout", "3000", "drain", "--wait", "0"],
+                                   capture_output=True, text=True, timeout=60)
+                if want == 0:
+                    self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+                else:
+                    self.assertNotEqual(p.returncode, 0)
+                    self.assertIn("E_AUTH", p.stdout + p.stderr)
+            p = subprocess.run([ctl, "--endpoint", ep, "--timeout", "3000", "resume"], capture_output=True,
+                               text=True, timeout=60)  # no key: no answer
+            self.assertNotEqual(p.returncode, 0)
+            p = subprocess.run([ctl, "--broker-dir", srv.run, "resume"], capture_output=True, text=True, timeout=60)
+            self.assertEqual(p.returncode, 0, p.stdout + p.stderr)  # the server's UID over ipc
             # over ipc, the server's own UID is an operator
             with kvside.Client("ops", "ns", role="scheduler", broker_dir=srv.run) as lc:
                 self.assertTrue(lc.admin("status") is not None)
