@@ -121,6 +121,8 @@ static void l2_done(void *arg, const kvs_l2_done *d)
 	}
 }
 
+static void modules_fini(kvs_server *srv);
+
 /* Creates the data-path modules in dependency order (L1, registry, CUDA
  * engine, host pool, L2, jobs); unwinds on failure. */
 static int modules_init(kvs_server *srv)
@@ -141,7 +143,7 @@ static int modules_init(kvs_server *srv)
 		return r;
 	}
 	if ((r = kvs_registry_create(&srv->reg)) < 0)
-		goto err_l1;
+		goto fail;
 	uint64_t asz;
 	void *arena = kvs_l1_arena(srv->l1, &asz);
 	char why[160] = "";
@@ -152,7 +154,7 @@ static int modules_init(kvs_server *srv)
 	}
 	kvs_registry_set_cuda(srv->reg, srv->cuda);
 	if ((r = kvs_copy_pool_create(srv->cfg.copy_threads, srv->cq, &srv->pool)) < 0)
-		goto err_reg;
+		goto fail;
 	if (srv->cfg.l2_path[0]) {
 		kvs_l2_config l2c;
 		kvs_l2_config_defaults(&l2c);
@@ -170,38 +172,20 @@ static int modules_init(kvs_server *srv)
 		l2c.done_arg = srv;
 		l2c.report_evictions = srv->cfg.kv_events[0] != 0; /* for KV-event subscribers */
 		if ((r = kvs_l2_open(&l2c, &srv->l2)) < 0)
-			goto err_pool;
+			goto fail;
 	}
 	if ((r = kvs_promote_create(srv->l1, srv->l2, &srv->promote)) < 0)
-		goto err_l2;
+		goto fail;
 	if ((r = kvs_lookup_create(&srv->lookup)) < 0)
-		goto err_promote;
+		goto fail;
 	if ((r = kvs_jobs_create(srv, &srv->jobs)) < 0)
-		goto err_lookup;
+		goto fail;
 	kvs_info("host copy engine: %u threads", srv->cfg.copy_threads);
 	if (srv->cfg.l1_prefault && pthread_create(&srv->prefault, NULL, prefault_main, srv) == 0)
 		srv->prefault_started = true;
 	return 0;
-err_lookup:
-	kvs_lookup_destroy(srv, srv->lookup);
-	srv->lookup = NULL;
-err_promote:
-	kvs_promote_destroy(srv->promote);
-	srv->promote = NULL;
-err_l2:
-	kvs_l2_close(srv->l2);
-	srv->l2 = NULL;
-err_pool:
-	kvs_copy_pool_destroy(srv->pool);
-	srv->pool = NULL;
-err_reg:
-	kvs_registry_destroy(srv->reg);
-	srv->reg = NULL;
-	kvs_cuda_engine_destroy(srv->cuda);
-	srv->cuda = NULL;
-err_l1:
-	kvs_l1_destroy(srv->l1);
-	srv->l1 = NULL;
+fail:
+	modules_fini(srv); /* every destroy accepts what was never created */
 	return r;
 }
 
