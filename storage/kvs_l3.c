@@ -19,7 +19,7 @@
 #define MAX_PREFIX 63
 #define MAX_KEY (MAX_PREFIX + 64 + 12)
 #define RETRY_MS 1000
-#define KNOWN_BITS 16 /* remembered objects: 64 K, direct-mapped */
+#define KNOWN_BITS 18 /* remembered objects: 256 K, direct-mapped */
 #define SEEN_BITS 16  /* second-hit admission: first uses remembered */
 
 enum { W_PROBE, W_READ, W_WRITE, N_WORKERS };
