@@ -421,6 +421,7 @@ static void *worker_main(void *arg)
 	kvs_l3 *l3 = w->l3;
 	uint8_t *buf = NULL; /* the writer's part-0 buffer, reused */
 	uint64_t cap = 0;
+	connection(w); /* at start, so that l3_connected says at once whether the store is reachable */
 	pthread_mutex_lock(&l3->mu);
 	for (;;) {
 		while (!l3->q[w->kind].n && !l3->stop)
