@@ -69,6 +69,7 @@ static int copy_segs(const kvs_copy_task *t)
 }
 
 static void pool_submit(kvs_copy_engine *e, void *stream, const kvs_copy_part *part);
+static void run_here(kvs_copy_pool *p, kvs_copy_task *t);
 
 static void *worker(void *arg)
 {
@@ -84,14 +85,7 @@ static void *worker(void *arg)
 		if (!p->q_head)
 			p->q_tail = NULL;
 		pthread_mutex_unlock(&p->mu);
-		int r = copy_segs(t);
-		if (r && !t->result)
-			t->result = r;
-		uint64_t total = 0;
-		for (uint32_t i = 0; i < t->n_segs && !r; i++)
-			total += t->segs[i].len;
-		atomic_fetch_add_explicit(&p->bytes, total, memory_order_relaxed);
-		kvs_cq_post(p->cq, &t->cq);
+		run_here(p, t);
 		pthread_mutex_lock(&p->mu);
 	}
 	pthread_mutex_unlock(&p->mu);
@@ -154,12 +148,36 @@ void kvs_copy_pool_submit(kvs_copy_pool *p, kvs_copy_task *t)
 	pthread_mutex_unlock(&p->mu);
 }
 
+/* Runs one task here and posts it, as a pool thread would. */
+static void run_here(kvs_copy_pool *p, kvs_copy_task *t)
+{
+	int r = copy_segs(t);
+	if (r && !t->result)
+		t->result = r;
+	uint64_t total = 0;
+	for (uint32_t i = 0; i < t->n_segs && !r; i++)
+		total += t->segs[i].len;
+	atomic_fetch_add_explicit(&p->bytes, total, memory_order_relaxed);
+	kvs_cq_post(p->cq, &t->cq);
+}
+
 static void pool_submit(kvs_copy_engine *e, void *stream, const kvs_copy_part *part)
 {
 	(void)stream;
 	kvs_copy_pool *p = (kvs_copy_pool *)e;
-	for (uint32_t i = 0; i < part->n_tasks; i++)
-		kvs_copy_pool_submit(p, part->tasks[i]);
+	/* a small part is copied right here, on the submitting (loop) thread:
+	 * a few microseconds of memcpy cost less than waking a pool thread and
+	 * being woken back (issue 18: tiny jobs' rate) */
+	uint64_t bytes = 0;
+	for (uint32_t i = 0; i < part->n_tasks && bytes <= KVS_COPY_INLINE_MAX; i++)
+		for (uint32_t j = 0; j < part->tasks[i]->n_segs; j++)
+			bytes += part->tasks[i]->segs[j].len;
+	for (uint32_t i = 0; i < part->n_tasks; i++) {
+		if (bytes <= KVS_COPY_INLINE_MAX)
+			run_here(p, part->tasks[i]);
+		else
+			kvs_copy_pool_submit(p, part->tasks[i]);
+	}
 }
 
 kvs_copy_engine *kvs_copy_pool_engine(kvs_copy_pool *p) { return &p->engine; }

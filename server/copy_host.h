@@ -16,6 +16,11 @@
 
 typedef struct kvs_copy_pool kvs_copy_pool;
 
+/* A part of at most this many bytes is copied by the submitting thread
+ * itself (the main loop) instead of a pool thread: cheaper than two thread
+ * hand-offs, and short (a few microseconds). */
+#define KVS_COPY_INLINE_MAX (64u << 10)
+
 /* Starts n threads that post finished tasks to cq. 0 or -errno. */
 int kvs_copy_pool_create(unsigned n, kvs_cq *cq, kvs_copy_pool **ret);
 /* Runs the queued tasks to the end and joins the threads. Tasks posted but
@@ -23,7 +28,8 @@ int kvs_copy_pool_create(unsigned n, kvs_cq *cq, kvs_copy_pool **ret);
 void kvs_copy_pool_destroy(kvs_copy_pool *p);
 /* Queues a task (ownership passes to the pool until it is posted). */
 void kvs_copy_pool_submit(kvs_copy_pool *p, kvs_copy_task *t);
-/* The pool as a copy engine (copy.h): submit queues every task of the part;
+/* The pool as a copy engine (copy.h): submit queues every task of the part
+ * (or, for a part of at most KVS_COPY_INLINE_MAX bytes, copies it at once);
  * the stream is NULL. */
 kvs_copy_engine *kvs_copy_pool_engine(kvs_copy_pool *p);
 /* Bytes copied so far (statistics). */

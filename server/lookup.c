@@ -271,9 +271,7 @@ static bool ask_l3(kvs_server *srv, kvs_session *s, const kvs_geo *geo, const ui
 		   const kvs_msg *rq)
 {
 	kvs_lookup *lk = srv->lookup;
-	kvs_l3_stats l3s;
-	kvs_l3_get_stats(srv->l3, &l3s);
-	if (l3s.probe_queue >= MAX_PROBES_QUEUED) {
+	if (kvs_l3_probe_backlog(srv->l3) >= MAX_PROBES_QUEUED) {
 		lk->st.l3_skipped++;
 		return false;
 	}

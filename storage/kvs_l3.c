@@ -11,6 +11,7 @@
 
 #define KVS_LOG_COMPONENT "l3"
 #include "kvs_error.h"
+#include "kvs_htab.h"
 #include "kvs_log.h"
 #include "kvs_record.h"
 #include "kvs_time.h"
@@ -19,7 +20,7 @@
 #define MAX_PREFIX 63
 #define MAX_KEY (MAX_PREFIX + 64 + 12)
 #define RETRY_MS 1000
-#define KNOWN_BITS 18 /* remembered objects: 256 K, direct-mapped */
+#define KNOWN_MAX (1u << 18) /* remembered objects: 256 K, the oldest forgotten first */
 #define SEEN_BITS 16  /* second-hit admission: first uses remembered */
 
 enum { W_PROBE, W_READ, W_WRITE, N_WORKERS };
@@ -55,13 +56,18 @@ typedef struct worker {
 	pthread_t th;
 	bool started;
 	void *_Atomic conn; /* the backend connection, NULL until one opened */
+	atomic_bool healthy; /* its last call reached the store (l3_connected) */
 	uint64_t next_try_ms;
 	char err[256];      /* why the last connect failed */
 } worker;
 
-/* A remembered object (known) or use (seen): fp 0 = empty slot. */
+/* An object the store is known to hold (owner thread). Invariant: in the
+ * known table iff used (ring slots in insertion order; the oldest is
+ * reused when the ring is full). */
 typedef struct known_ent {
-	uint64_t fp, geom, len;
+	kvs_objkey key; /* table key */
+	uint64_t geom, len;
+	bool used;
 } known_ent;
 
 struct kvs_l3 {
@@ -77,7 +83,9 @@ struct kvs_l3 {
 	worker w[N_WORKERS];
 	kvs_cq_item ready;        /* posted to cfg.cq when done has entries */
 	atomic_bool ready_posted;
-	known_ent *known; /* owner thread */
+	kvs_htab *known;    /* known_ent by key, owner thread */
+	known_ent *ring;    /* KNOWN_MAX entries */
+	uint32_t ring_next; /* the slot the next new entry takes */
 	uint64_t *seen;   /* owner thread */
 	kvs_l3_stats st;  /* guarded by mu */
 };
@@ -154,27 +162,32 @@ static uint64_t key_fp(const kvs_objkey *key)
 	return fp ? fp : 1;
 }
 
-static known_ent *known_slot(kvs_l3 *l3, uint64_t fp) { return &l3->known[fp & ((1u << KNOWN_BITS) - 1)]; }
-
 static void know(kvs_l3 *l3, const kvs_objkey *key, uint64_t geom, uint64_t len)
 {
-	uint64_t fp = key_fp(key);
-	*known_slot(l3, fp) = (known_ent){fp, geom, len};
+	known_ent *e = kvs_htab_get(l3->known, key);
+	if (!e) {
+		e = &l3->ring[l3->ring_next];
+		l3->ring_next = (l3->ring_next + 1) % KNOWN_MAX;
+		if (e->used)
+			kvs_htab_del(l3->known, &e->key);
+		e->key = *key;
+		e->used = kvs_htab_put(l3->known, e) == 0;
+	}
+	e->geom = geom;
+	e->len = len;
 }
 
 static void forget(kvs_l3 *l3, const kvs_objkey *key)
 {
-	uint64_t fp = key_fp(key);
-	known_ent *e = known_slot(l3, fp);
-	if (e->fp == fp)
-		e->fp = 0;
+	known_ent *e = kvs_htab_del(l3->known, key);
+	if (e)
+		e->used = false;
 }
 
 bool kvs_l3_known(kvs_l3 *l3, const kvs_objkey *key, uint64_t geom, uint64_t len)
 {
-	uint64_t fp = key_fp(key);
-	const known_ent *e = known_slot(l3, fp);
-	return e->fp == fp && e->geom == geom && e->len == len;
+	const known_ent *e = kvs_htab_get(l3->known, key);
+	return e && e->geom == geom && e->len == len;
 }
 
 bool kvs_l3_admit(kvs_l3 *l3, const kvs_objkey *key)
@@ -183,10 +196,9 @@ bool kvs_l3_admit(kvs_l3 *l3, const kvs_objkey *key)
 		return true;
 	if (l3->cfg.write_policy == KVS_L3_WRITE_NONE)
 		return false;
-	uint64_t fp = key_fp(key);
-	const known_ent *e = known_slot(l3, fp);
-	if (e->fp == fp)
+	if (kvs_htab_get(l3->known, key))
 		return false; /* already there */
+	uint64_t fp = key_fp(key);
 	uint64_t *s = &l3->seen[fp & ((1u << SEEN_BITS) - 1)];
 	if (*s == fp) {
 		*s = 0;
@@ -260,6 +272,7 @@ static void *connection(worker *w)
 	if (w->err[0])
 		kvs_info("L3 %s connected", w->kind == W_PROBE ? "prober" : w->kind == W_READ ? "reader" : "writer");
 	w->err[0] = 0;
+	atomic_store(&w->healthy, true);
 	atomic_store(&w->conn, c);
 	return c;
 }
@@ -271,15 +284,16 @@ static void count(kvs_l3 *l3, uint64_t *field, uint64_t n)
 	pthread_mutex_unlock(&l3->mu);
 }
 
-/* A record found unusable: counted, deleted (it is ours to delete: nothing
- * under the prefix is served without passing these checks). */
-static void refuse(kvs_l3 *l3, void *conn, const kvs_objkey *key, const char *why)
+/* A record found unusable: counted, deleted with its parts 1..parts-1 (it
+ * is ours to delete: nothing under the prefix is served without passing
+ * these checks). */
+static void refuse(kvs_l3 *l3, void *conn, const kvs_objkey *key, uint32_t parts, const char *why)
 {
 	char k[MAX_KEY];
 	count(l3, &l3->st.corrupt, 1);
 	kvs_dbg("L3 record refused: %s", why);
-	if (conn)
-		l3->cfg.backend->del(conn, k, store_key(l3, key, 0, k));
+	for (uint32_t p = 0; p < (parts ? parts : 1); p++)
+		l3->cfg.backend->del(conn, k, store_key(l3, key, p, k));
 }
 
 static int do_probe(kvs_l3 *l3, void *conn, item *it)
@@ -333,7 +347,7 @@ static int do_read(kvs_l3 *l3, void *conn, item *it)
 	size_t got = 0;
 	int r = l3->cfg.backend->get2(conn, k, store_key(l3, &it->key, 0, k), &raw, HDR, it->dst, it->len, &got);
 	if (r == KVS_E_LIMIT) {
-		refuse(l3, conn, &it->key, "longer than the object");
+		refuse(l3, conn, &it->key, 1, "longer than the object");
 		return KVS_E_MISS;
 	}
 	if (r)
@@ -344,16 +358,18 @@ static int do_read(kvs_l3 *l3, void *conn, item *it)
 		return KVS_E_MISS;
 	}
 	if (c != KVS_RECORD_OK) {
-		refuse(l3, conn, &it->key, c == KVS_RECORD_KEY ? "written under another key" : "bad header");
+		refuse(l3, conn, &it->key, 1, c == KVS_RECORD_KEY ? "written under another key" : "bad header");
 		return KVS_E_MISS;
 	}
 	uint64_t first = got - HDR; /* data bytes in part 0 */
+	uint32_t parts = 1;
 	if (h.flags) {
-		uint64_t P = h.flags < 64 ? 1ull << h.flags : 0;
+		uint64_t P = h.flags < 40 ? 1ull << h.flags : 0;
 		if (h.flags >= 40 || got != P || P <= HDR || first >= it->len) {
-			refuse(l3, conn, &it->key, "bad split");
+			refuse(l3, conn, &it->key, 1, "bad split");
 			return KVS_E_MISS;
 		}
+		parts = (uint32_t)(1 + (it->len - first + P - 1) / P);
 		uint64_t off = first;
 		for (uint32_t part = 1; off < it->len; part++) {
 			uint64_t want = it->len - off < P ? it->len - off : P;
@@ -361,7 +377,7 @@ static int do_read(kvs_l3 *l3, void *conn, item *it)
 			r = l3->cfg.backend->get2(conn, k, store_key(l3, &it->key, part, k), (uint8_t *)it->dst + off, want,
 						  NULL, 0, &pg);
 			if (r == KVS_E_MISS || r == KVS_E_LIMIT || (r == 0 && pg != want)) {
-				refuse(l3, conn, &it->key, "a part missing or of another size");
+				refuse(l3, conn, &it->key, parts, "a part missing or of another size");
 				return KVS_E_MISS;
 			}
 			if (r)
@@ -369,11 +385,11 @@ static int do_read(kvs_l3 *l3, void *conn, item *it)
 			off += want;
 		}
 	} else if (first != it->len) {
-		refuse(l3, conn, &it->key, "short record");
+		refuse(l3, conn, &it->key, 1, "short record");
 		return KVS_E_MISS;
 	}
 	if (kvs_record_sum(kvs_record_seed(&h, &it->key), it->dst, it->len) != h.checksum) {
-		refuse(l3, conn, &it->key, "checksum");
+		refuse(l3, conn, &it->key, parts, "checksum");
 		return KVS_E_MISS;
 	}
 	return 0;
@@ -439,6 +455,8 @@ static void *worker_main(void *arg)
 			  : it->op == KVS_L3_READ ? do_read(l3, conn, it)
 			  : do_write(l3, conn, it, &buf, &cap);
 		uint64_t dt = kvs_now_ns() - t0;
+		/* reached the store: answered, or refused for a reason of its own */
+		atomic_store(&w->healthy, conn && r != -EHOSTDOWN && r != KVS_E_TIMEOUT);
 		pthread_mutex_lock(&l3->mu);
 		if (it->op == KVS_L3_PROBE) {
 			l3->st.probes++;
@@ -518,13 +536,15 @@ int kvs_l3_open(const kvs_l3_config *cfg, kvs_l3 **ret, char *err, size_t errlen
 	l3->password = dup_or_null(cfg->password);
 	l3->cfg.seeds = l3->seeds, l3->cfg.user = l3->user, l3->cfg.password = l3->password;
 	l3->cfg.prefix = l3->prefix;
-	l3->known = calloc(1u << KNOWN_BITS, sizeof(*l3->known));
+	l3->ring = calloc(KNOWN_MAX, sizeof(*l3->ring));
+	if (kvs_htab_create(sizeof(kvs_objkey), offsetof(known_ent, key), &l3->known) != 0)
+		l3->known = NULL;
 	l3->seen = calloc(1u << SEEN_BITS, sizeof(*l3->seen));
 	l3->ready.done = l3_ready;
 	pthread_mutex_init(&l3->mu, NULL);
 	for (int i = 0; i < N_WORKERS; i++)
 		pthread_cond_init(&l3->cv[i], NULL);
-	if (!l3->seeds || !l3->known || !l3->seen || (cfg->user && !l3->user) || (cfg->password && !l3->password)) {
+	if (!l3->seeds || !l3->known || !l3->ring || !l3->seen || (cfg->user && !l3->user) || (cfg->password && !l3->password)) {
 		kvs_l3_close(l3);
 		return -ENOMEM;
 	}
@@ -572,7 +592,8 @@ void kvs_l3_close(kvs_l3 *l3)
 	}
 	list_free(&l3->done);
 	pthread_mutex_destroy(&l3->mu);
-	free(l3->known);
+	kvs_htab_destroy(l3->known);
+	free(l3->ring);
 	free(l3->seen);
 	free(l3->seeds);
 	free(l3->user);
@@ -610,6 +631,14 @@ int kvs_l3_probe(kvs_l3 *l3, const kvs_objkey *keys, const uint64_t *geoms, cons
 	memcpy(it->lens, lens, n * sizeof(*lens));
 	enqueue(l3, W_PROBE, it);
 	return 0;
+}
+
+uint32_t kvs_l3_probe_backlog(kvs_l3 *l3)
+{
+	pthread_mutex_lock(&l3->mu);
+	uint32_t n = (uint32_t)l3->q[W_PROBE].n;
+	pthread_mutex_unlock(&l3->mu);
+	return n;
 }
 
 int kvs_l3_read(kvs_l3 *l3, const kvs_objkey *key, uint64_t geom, void *dst, uint64_t len, void *cookie)
@@ -702,7 +731,7 @@ void kvs_l3_get_stats(kvs_l3 *l3, kvs_l3_stats *st)
 	for (int i = 0; i < N_WORKERS; i++) {
 		void *c = atomic_load(&l3->w[i].conn);
 		if (c) {
-			st->connected++;
+			st->connected += atomic_load(&l3->w[i].healthy);
 			l3->cfg.backend->stats(c, &b);
 		}
 	}

@@ -87,6 +87,8 @@ typedef struct kvs_l3_done {
  * (each record's header, not its data). Keys are copied. 0 or -ENOMEM. */
 int kvs_l3_probe(kvs_l3 *l3, const kvs_objkey *keys, const uint64_t *geoms, const uint64_t *lens, uint32_t n,
 		 void *cookie);
+/* Probes waiting for the prober (a lookup asks L3 only below a bound). */
+uint32_t kvs_l3_probe_backlog(kvs_l3 *l3);
 /* Reads the object into dst (exactly len bytes), verified. 0 or -ENOMEM. */
 int kvs_l3_read(kvs_l3 *l3, const kvs_objkey *key, uint64_t geom, void *dst, uint64_t len, void *cookie);
 /* Queues a write-behind of len bytes at data, as member idx of group (a
@@ -109,7 +111,7 @@ bool kvs_l3_known(kvs_l3 *l3, const kvs_objkey *key, uint64_t geom, uint64_t len
 bool kvs_l3_admit(kvs_l3 *l3, const kvs_objkey *key);
 
 typedef struct kvs_l3_stats {
-	uint64_t connected;     /* workers with a connection now (3 = all) */
+	uint64_t connected;     /* workers whose connection's last call reached the store (3 = all) */
 	uint64_t probes, probe_keys, probe_hits, probe_errors;
 	uint64_t reads, read_bytes, read_misses, read_errors;
 	uint64_t corrupt;       /* records refused: header, key, geometry, length, checksum */
