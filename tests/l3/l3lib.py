@@ -262,6 +262,9 @@ def l3_server(seeds, *extra, l2=True, l1_size="64M", prefix="kvt-l3-", lookup_ms
         args += ["--l3-write", write]
     if log_level:
         args += ["--log-level", log_level]
+    if broken() == "nol3":  # the deliberately broken run: no L3 flag at all
+        args = [a for i, a in enumerate(args) if not a.startswith("--l3-") and
+                not (i and args[i - 1].startswith("--l3-"))]
     return Server(*(args + list(extra)), l2=l2, l1_size=l1_size, prefix=prefix, ttl_ms=5000)
 
 
@@ -295,6 +298,8 @@ class Rank:
     def __init__(self, srv, engine, layers=2, nb=256, block=16 << 10, rank=0, world=1, timeout_ms=5000, ns=NS):
         self.layers, self.nb, self.block = layers, nb, block
         env = dict(os.environ)
+        # the rank imports what this process imports (kvside, l3lib)
+        env["PYTHONPATH"] = os.pathsep.join(os.path.abspath(x) for x in sys.path if x)
         self.p = subprocess.Popen([sys.executable, os.path.join(HERE, "l3_rank.py")], stdin=subprocess.PIPE,
                                   stdout=subprocess.PIPE, env=env)
         r = self.call(op="open", broker_dir=srv.run, engine=engine, ns=ns, layers=layers, nb=nb, block=block,
