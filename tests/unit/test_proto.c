@@ -1718,7 +1718,7 @@ static const dcase CASES[] = {
 	ROW(r_register, "imported", M_SET, TI(-1), KVS_E_BADMSG),
 	ROW(r_lookup, "hits", M_SET, TU(KVS_MAX_KEYS), 0),
 	ROW(r_lookup, "hits", M_SET, TU(KVS_MAX_KEYS + 1), KVS_E_BADMSG),
-	ROW(r_lookup, "tiers.1", M_SET, TS("l3"), KVS_E_BADMSG),
+	ROW(r_lookup, "tiers.1", M_SET, TS("l4"), KVS_E_BADMSG),
 	ROW(r_lookup, "tiers.0", M_SET, TS("L1"), KVS_E_BADMSG),
 	ROW(r_lookup, "tiers.2", M_SET, TU(0), KVS_E_BADMSG),
 	ROW(r_lookup, "tiers", M_SET, TS("l1"), KVS_E_BADMSG),
