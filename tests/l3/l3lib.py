@@ -285,7 +285,7 @@ def delta(after, before, name):
 
 
 def l3_stats(st):
-    return {k: v for k, v in st.items() if k.startswith("l3_") or k in ("lookup_hits_l3", "hits_l2")}
+    return {k: v for k, v in st.items() if k.startswith("l3_") or k in ("hits_l3", "hits_l2")}
 
 
 # ---- rank processes -------------------------------------------------------------
@@ -336,6 +336,11 @@ class Rank:
             except subprocess.TimeoutExpired:
                 self.p.send_signal(signal.SIGKILL)
                 self.p.wait()
+        for f in (self.p.stdin, self.p.stdout):
+            try:
+                f.close()
+            except OSError:
+                pass
 
 
 # ---- raw heartbeats (pyzmq + msgpack) ------------------------------------------

@@ -148,7 +148,9 @@ class CorruptTest(unittest.TestCase):
                     served.append("%s (wrong bytes %d)" % (name, r["wrong_bytes"]))
                 else:
                     self.assertTrue(r["untouched"], "%s: a failed retrieve wrote the destination" % name)
-                if refused < 1 and not (p == 15 and errors >= 1):
+                # an empty value reads like an absent key to GETRANGE (Redis
+                # answers "" to both), so it is a miss without a count
+                if refused < 1 and not (p == 15 and errors >= 1) and p != 14:
                     uncounted.append(name)
             # controls
             for p, tag in ((40, "genuine record"), (60, "planted split record"), (65, "planted record")):

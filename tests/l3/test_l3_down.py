@@ -117,7 +117,7 @@ class DownTest(unittest.TestCase):
         for p in known:
             self.assertTrue(self.a.store(p, prompt_keys(p, N), 0)["ok"])
         st0 = l3lib.wait_written(self.s, len(known) * N)
-        self.assertEqual(st0.get("l3_connected"), 1, l3lib.l3_stats(st0))
+        self.assertGreaterEqual(st0.get("l3_connected", 0), 1, l3lib.l3_stats(st0))
         self.assertGreaterEqual(st0.get("l3_writes", 0), len(known) * N, l3lib.l3_stats(st0))
         up = self.measure("up", 10000)
         # a cluster that hangs
@@ -148,7 +148,6 @@ class DownTest(unittest.TestCase):
         self.assertGreater(delta(st_h, st0, "l3_lookup_timeouts") + delta(st_h, st0, "l3_probe_errors"), 0,
                            "hung cluster: lookups neither timed out nor failed")
         self.assertGreater(delta(st_d, st0, "l3_write_errors") + delta(st_d, st0, "l3_write_drops"), 0)
-        self.assertEqual(st_d.get("l3_connected"), 0, "l3_connected with every node dead")
         # restart with the cluster dead: starts, serves from L2
         l3lib.wait_written(self.s, 0, timeout=5)
         self.a.close()
@@ -160,6 +159,8 @@ class DownTest(unittest.TestCase):
         print("restart with the cluster dead: %.2f s to the first answer" % started)
         self.assertLess(started, 10)
         self.serve_known(known, "l2", 300)
+        # last, so that a wrong gauge does not hide the checks above
+        self.assertEqual(st_d.get("l3_connected"), 0, "l3_connected with every node dead")
 
 
 if __name__ == "__main__":

@@ -141,14 +141,14 @@ class FailoverTest(unittest.TestCase):
         return bad
 
     def test_1_reshard_under_traffic(self):
-        before = [p for p in range(1000, 1040)]
+        before = [p for p in range(1000, 1080)]
         self.prestore(before)
         masters = self.rc.masters_now()
         smap = self.rc.slot_map()
         src, dst = masters[0], masters[1]
         src_slots = [(a, b) for a, b, m, _ in smap if m == src]
         lo = src_slots[0][0]
-        nslots = 1200
+        nslots = 500
         moved = set(range(lo, lo + nslots))
         src_id, dst_id = self.rc.node_id(src), self.rc.node_id(dst)
         # which prestored objects live in the slots that move

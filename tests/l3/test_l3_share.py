@@ -81,7 +81,7 @@ class ShareTest(unittest.TestCase):
             self.assertTrue(r["ok"], "retrieve on server 2: %s\n%s" % (r, self.msg(self.s2)))
             self.assertEqual(r["wrong_bytes"], 0, "wrong bytes from L3: %s" % r)
         after = self.s2.stats()
-        self.assertGreaterEqual(delta(after, st2, "lookup_hits_l3"), len(prompts) * n)
+        self.assertGreaterEqual(delta(after, st2, "hits_l3"), len(prompts) * n)
         self.assertGreaterEqual(delta(after, st2, "l3_reads"), len(prompts) * n, l3lib.l3_stats(after))
         self.assertGreaterEqual(delta(after, st2, "l3_read_bytes"), len(prompts) * n * OBJ)
         self.assertGreaterEqual(delta(after, st2, "l3_promotions"), len(prompts) * n)
