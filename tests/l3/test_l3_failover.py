@@ -185,6 +185,48 @@ class FailoverTest(unittest.TestCase):
         self.assertGreater(delta(a2, st2, "l3_moved") + delta(a2, st2, "l3_ask"), 0,
                            "server 2 read moved keys without a redirection")
 
+    def test_1b_ask_mid_migration(self):
+        """A slot caught mid-migration: the object's key already MIGRATEd to the
+        importing master, the slot still the source's. Server 2's lookup and
+        retrieve follow ASK to the new node; then the slot is handed over
+        (SETSLOT NODE) and the next read follows MOVED."""
+        p = 1500
+        self.prestore([p])
+        key0 = prompt_keys(p, N)[:1]
+        rkey = l3lib.redis_key(l3lib.objkey(key0[0]))
+        masters = self.rc.masters_now()
+        slot = self.rc.call(masters[0], "CLUSTER", "KEYSLOT", rkey)
+        src = self.rc.slot_map_owner(slot)
+        dst = next(m for m in masters if m != src)
+        sid, did = self.rc.node_id(src), self.rc.node_id(dst)
+        self.rc.call(dst, "CLUSTER", "SETSLOT", slot, "IMPORTING", sid)
+        self.rc.call(src, "CLUSTER", "SETSLOT", slot, "MIGRATING", did)
+        self.assertEqual(self.rc.call(src, "MIGRATE", "127.0.0.1", dst, rkey, 0, 5000), "OK")
+        st2 = self.s2.stats()
+        try:
+            with scheduler(self.s2, CLIENT_MS) as sc:
+                lk = sc.lookup(key0)
+                self.assertEqual((lk.hits, lk.tiers), (1, ["l3"]), "lookup of a key behind ASK")
+            r = self.b.retrieve(600001, key0, 0)
+            self.assertTrue(r["ok"], r)
+            self.assertEqual(r["wrong_bytes"], 0)
+            a2 = self.s2.stats()
+            print("ask: server 2 ask +%d moved +%d" % (delta(a2, st2, "l3_ask"), delta(a2, st2, "l3_moved")))
+            self.assertGreaterEqual(delta(a2, st2, "l3_ask"), 1)
+        finally:
+            for m in self.rc.masters_now():
+                self.rc.call(m, "CLUSTER", "SETSLOT", slot, "NODE", did)
+        # handed over: a fresh server-2 read of the same key (L1 of server 2 cleared) goes by MOVED
+        with scheduler(self.s2, CLIENT_MS) as sc:
+            sc.admin("clear")
+            st2 = self.s2.stats()
+            t_end = time.monotonic() + 5
+            while sc.lookup(key0).hits != 1 and time.monotonic() < t_end:
+                time.sleep(0.05)
+        r = self.b.retrieve(600002, key0, 0)
+        self.assertTrue(r["ok"], r)
+        self.assertEqual(r["wrong_bytes"], 0)
+
     def test_2_master_killed_under_traffic(self):
         before = [p for p in range(3000, 3030)]
         self.prestore(before)

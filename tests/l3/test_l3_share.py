@@ -160,6 +160,38 @@ class ShareTest(unittest.TestCase):
             s3.stop()
             s3.cleanup()
 
+    def test_4b_write_second_hit(self):
+        """l3-write second-hit: a stored chunk is not written behind until its
+        second use (here a lookup hit); then server 2 finds it in L3."""
+        s6 = l3_server(self.rc.seeds, write="second-hit", prefix="kvt-l3f-")
+        s6.start()
+        f = None
+        try:
+            f = Rank(s6, "eng-f", LAYERS, 64, BLOCK)
+            keys = prompt_keys(65, 2)
+            r = f.store(1, keys, 0)
+            self.assertTrue(r["ok"], r)
+            time.sleep(0.5)
+            st = s6.stats()
+            self.assertEqual(st.get("l3_writes"), 0, "written at its first use")
+            with scheduler(self.s2) as sc:
+                self.assertEqual(sc.lookup(keys).hits, 0)
+            with scheduler(s6) as sc:
+                self.assertEqual(sc.lookup(keys).hits, 2)   # the second use
+            w = l3lib.wait_written(s6, 2)
+            self.assertGreaterEqual(w.get("l3_writes", 0), 2, l3lib.l3_stats(w))
+            with scheduler(self.s2) as sc:
+                lk = sc.lookup(keys)
+                self.assertEqual((lk.hits, lk.tiers), (2, ["l3", "l3"]))
+            r = self.b.retrieve(self.next_job(), keys, 300)
+            self.assertTrue(r["ok"], r)
+            self.assertEqual(r["wrong_bytes"], 0)
+        finally:
+            if f:
+                f.close()
+            s6.stop()
+            s6.cleanup()
+
     def test_5_server_without_l3(self):
         """No l3-redis: the tier is off; chunks only in L3 are misses."""
         self.store_a([70], 2)
