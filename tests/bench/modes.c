@@ -1496,7 +1496,10 @@ static int l3_throughput(const kvb_opts *o, const char *seeds)
 	const uint64_t obj = (uint64_t)g.layers * g.bpc * g.block; /* 1 MiB */
 	uint32_t jobs = o->quick ? 2 : 16, rounds = o->quick ? 1 : 3, n = jobs * chunks;
 	char l1[32];
-	snprintf(l1, sizeof(l1), "%llu", (unsigned long long)(rounds * n * obj + (64ull << 20)));
+	/* every round stays in s2's L1; s1's write-behind queue is capped at L1 / 4
+	 * (server/loop.c), and one round is queued at once */
+	uint64_t l1b = (rounds > 4 ? rounds : 4) * n * obj + (64ull << 20);
+	snprintf(l1, sizeof(l1), "%llu", (unsigned long long)l1b);
 	kvt_server s1, s2;
 	if (l3_server_start(o, &s1, seeds, l1) != 0)
 		return 1;
@@ -1539,6 +1542,11 @@ static int l3_throughput(const kvb_opts *o, const char *seeds)
 			rc = 1;
 		}
 		tw += kvb_now() - t0;
+		if (!rc && (kvb_stat(sc1, "l3_write_drops") || kvb_stat(sc1, "l3_write_errors"))) {
+			fprintf(stderr, "l3: server 1 dropped %llu and failed %llu writes: the figure would be wrong\n",
+				(unsigned long long)kvb_stat(sc1, "l3_write_drops"), (unsigned long long)kvb_stat(sc1, "l3_write_errors"));
+			rc = 1;
+		}
 		double t = raw_pass(&raw, true, run, n, val, buf, obj + KVS_RECORD_HDR_BYTES);
 		rc |= t < 0;
 		rw += t;
@@ -1556,8 +1564,13 @@ static int l3_throughput(const kvb_opts *o, const char *seeds)
 			if ((rc = kvs_lookup(sc2, keys, chunks, false, 0, 30000, &h, tiers)) != 0)
 				break;
 			if (h != chunks || tiers[0] != KVS_TIER_L3) {
-				fprintf(stderr, "l3: server 2 lookup: %llu of %u hits, tier %u\n", (unsigned long long)h, chunks,
-					tiers[0]);
+				fprintf(stderr, "l3: server 2 lookup: %llu of %u hits, tier %u (server 1: l3_writes %llu "
+					"l3_write_errors %llu l3_write_drops %llu; server 2: l3_probe_keys %llu l3_probe_hits %llu "
+					"l3_lookup_timeouts %llu l3_probe_errors %llu)\n", (unsigned long long)h, chunks, tiers[0],
+					(unsigned long long)kvb_stat(sc1, "l3_writes"), (unsigned long long)kvb_stat(sc1, "l3_write_errors"),
+					(unsigned long long)kvb_stat(sc1, "l3_write_drops"), (unsigned long long)kvb_stat(sc2, "l3_probe_keys"),
+					(unsigned long long)kvb_stat(sc2, "l3_probe_hits"), (unsigned long long)kvb_stat(sc2, "l3_lookup_timeouts"),
+					(unsigned long long)kvb_stat(sc2, "l3_probe_errors"));
 				rc = 1;
 				break;
 			}
@@ -1581,11 +1594,11 @@ static int l3_throughput(const kvb_opts *o, const char *seeds)
 			   ">= 0.80 x raw SET");
 		kvb_result("l3 read (lookup + retrieve on server 2, from L3)", gb / tr, "GB/s", gb / rr,
 			   ">= 0.80 x raw GET");
-		kvb_note("l3: %u x %u objects of 1 MiB (records of 1 MiB + 96 B); write = first store on server 1 until its "
-			 "l3_writes count them all, read = lookup + retrieve jobs of %u chunks on server 2 (promotion from "
-			 "L3 into L1, copy into the rank's memory, byte-checked); raw = hiredis SET / GET + copy of values "
-			 "of the same size on the same node(s), one connection per node, sequential",
+		kvb_note("l3: %u x %u objects of 1 MiB; write: first store on server 1 until its l3_writes count them all; "
+			 "read: lookup + retrieve jobs of %u chunks on server 2 (L3 -> L1 -> rank memory, byte-checked)",
 			 rounds, n, chunks);
+		kvb_note("l3 baseline: raw hiredis SET, GET + copy of values of the record's size (1 MiB + 96 B) on the "
+			 "same node(s), one connection per node, sequential, after each kvside pass");
 		kvb_note("l3 counters: server 1 l3_write_bytes %llu, l3_write_errors %llu, l3_write_drops %llu; server 2 "
 			 "l3_reads %llu, l3_read_errors %llu, l3_corrupt %llu", (unsigned long long)kvb_stat(sc1, "l3_write_bytes"),
 			 (unsigned long long)kvb_stat(sc1, "l3_write_errors"), (unsigned long long)kvb_stat(sc1, "l3_write_drops"),
@@ -1624,7 +1637,7 @@ typedef struct tsrv {
  * another server, can find it (the replay compresses time to zero; a real
  * trace leaves seconds between requests). *ret_hits: chunks hit. */
 static int trace_l3_replay(tsrv *sv, uint32_t n, const treq *tr, uint32_t nreq, uint32_t mx, uint64_t block,
-			   uint64_t *ret_hits, uint64_t *ret_l3_tier)
+			   uint64_t *ret_hits, uint64_t *ret_l3_tier, uint32_t *looked, uint32_t *got)
 {
 	uint8_t *keys = malloc(32ull * mx), *tiers = malloc(mx);
 	int64_t *ids = malloc(sizeof(int64_t) * mx);
@@ -1639,6 +1652,7 @@ static int trace_l3_replay(tsrv *sv, uint32_t n, const treq *tr, uint32_t nreq, 
 		uint64_t h = 0;
 		if ((rc = kvs_lookup(v->sched, keys, q->n, false, 0, 30000, &h, tiers)) != 0)
 			break;
+		looked[i] = (uint32_t)h;
 		const int64_t *lists[1] = {ids};
 		uint32_t len;
 		kvs_blocks bl = {.n_groups = 1, .ids = lists, .len = &len};
@@ -1677,6 +1691,7 @@ static int trace_l3_replay(tsrv *sv, uint32_t n, const treq *tr, uint32_t nreq, 
 				rc = 1;
 			}
 		}
+		got[i] = (uint32_t)h;
 		hits += h;
 	}
 	free(keys);
@@ -1707,6 +1722,11 @@ static int l3_trace(const kvb_opts *o, const char *seeds)
 	int rc = 0;
 	uint64_t hits1 = 0, hits2 = 0, l3t1 = 0, l3t2 = 0;
 	double t1 = 0, t2 = 0;
+	uint32_t *look[2], *got[2];
+	for (int k = 0; k < 2; k++) {
+		look[k] = calloc(nreq ? nreq : 1, sizeof(uint32_t));
+		got[k] = calloc(nreq ? nreq : 1, sizeof(uint32_t));
+	}
 	/* one server holding everything (no L3), then two sharing L3 */
 	for (int pass = 0; pass < 2 && !rc; pass++) {
 		uint32_t n = pass ? 2 : 1;
@@ -1724,7 +1744,8 @@ static int l3_trace(const kvb_opts *o, const char *seeds)
 		}
 		double t0 = kvb_now();
 		if (!rc)
-			rc = trace_l3_replay(sv, n, tr, nreq, mx, g.block, pass ? &hits2 : &hits1, pass ? &l3t2 : &l3t1);
+			rc = trace_l3_replay(sv, n, tr, nreq, mx, g.block, pass ? &hits2 : &hits1, pass ? &l3t2 : &l3t1,
+					     look[pass], got[pass]);
 		*(pass ? &t2 : &t1) = kvb_now() - t0;
 		if (pass && !rc) {
 			uint64_t to = kvb_stat(sv[0].sched, "l3_lookup_timeouts") + kvb_stat(sv[1].sched, "l3_lookup_timeouts");
@@ -1742,15 +1763,37 @@ static int l3_trace(const kvb_opts *o, const char *seeds)
 	}
 	double r1 = total ? (double)hits1 / total : 0, r2 = total ? (double)hits2 / total : 0;
 	int bad = 0;
+	/* where two servers hit less than one: the lookup, or the retrieve after it */
+	uint64_t short_lookup = 0, short_chunks = 0, lost_retrieve = 0, lost_chunks = 0;
+	for (uint32_t i = 0; i < nreq && !rc; i++) {
+		if (look[1][i] < got[0][i]) {
+			short_lookup++;
+			short_chunks += got[0][i] - look[1][i];
+		} else if (got[1][i] < got[0][i]) {
+			lost_retrieve++;
+			lost_chunks += got[0][i] - got[1][i];
+		}
+		if (getenv("KVB_VERBOSE") && got[1][i] != got[0][i])
+			fprintf(stderr, "trace l3: request %u (%u ids, server %u): one server %u, two: lookup %u, served %u\n", i,
+				tr[i].n, i % 2, got[0][i], look[1][i], got[1][i]);
+	}
+	if (!rc)
+		kvb_note("trace l3: two servers hit less than one in %llu requests by the lookup (%llu chunks) and in %llu by "
+			 "a retrieve that missed after the lookup hit (%llu chunks)", (unsigned long long)short_lookup,
+			 (unsigned long long)short_chunks, (unsigned long long)lost_retrieve, (unsigned long long)lost_chunks);
+	for (int k = 0; k < 2; k++) {
+		free(look[k]);
+		free(got[k]);
+	}
 	if (!rc) {
 		char nm[128];
 		snprintf(nm, sizeof(nm), "trace hit ratio, 2 servers sharing L3 (%u requests alternating)", nreq);
 		kvb_result(nm, r2, "ratio", r1, ">= 0.98 x one server");
 		kvb_result("trace requests per second, 2 servers + L3 (write-behind drained per request)", nreq / t2,
 			   "req/s", nreq / t1, "");
-		kvb_note("trace l3: %s, %u requests, 4 KiB per 512-token block, L1 %s bytes per server; baseline = the same "
-			 "requests on one server without L3 (hit ratio %.4f); with L3 each request goes to server i %% 2 and "
-			 "waits until that server's write-behind has written what it stored", o->trace, nreq, l1, r1);
+		kvb_note("trace l3: %u requests, 4 KiB per block, L1 %s B per server; baseline: one server without L3 "
+			 "(hit ratio %.4f); with L3 request i goes to server i %% 2, which then waits until its write-behind "
+			 "has written what it stored", nreq, l1, r1);
 		bad = r2 < 0.98 * r1 - 1e-12 || l3t2 == 0;
 		if (bad)
 			fprintf(stderr, "trace l3: hit ratio %.6f with two servers vs %.6f on one (%llu l3 tiers)\n", r2, r1,

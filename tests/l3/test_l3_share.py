@@ -192,6 +192,35 @@ class ShareTest(unittest.TestCase):
             s6.stop()
             s6.cleanup()
 
+    def test_4c_colliding_objects_in_one_probe(self):
+        """A prompt two of whose objects share a slot of the server's table of
+        objects known to be in L3 (storage/kvs_l3.c: XXH3-64 of the object key,
+        low 16 bits, direct-mapped): the lookup must still answer every chunk
+        the probe found, every time."""
+        def slot(ck):
+            return l3lib.xxh3(l3lib.objkey(ck)) & 0xFFFF
+        found = None
+        for p in range(10000, 40000):
+            seen = {}
+            for j, ck in enumerate(prompt_keys(p, 32)):
+                if slot(ck) in seen:
+                    found = (p, seen[slot(ck)], j)
+                    break
+                seen[slot(ck)] = j
+            if found:
+                break
+        p, i, j = found
+        n = j + 1
+        st1 = self.s1.stats()
+        keys = prompt_keys(p, n)
+        r = self.a.store(self.next_job(), keys, 0)
+        self.assertTrue(r["ok"], r)
+        l3lib.wait_written(self.s1, st1.get("l3_writes", 0) + n)
+        with scheduler(self.s2) as sc:
+            got = [sc.lookup(keys).hits for _ in range(3)]
+        self.assertEqual(got, [n] * 3, "prompt %d (chunks %d and %d share a slot): lookups answered %s of %d" % (
+            p, i, j, got, n))
+
     def test_5_server_without_l3(self):
         """No l3-redis: the tier is off; chunks only in L3 are misses."""
         self.store_a([70], 2)
