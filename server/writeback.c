@@ -20,7 +20,9 @@ void kvs_writeback_stored(kvs_server *srv, kvs_l1_obj *o, uint64_t geom, uint64_
 		if (kvs_l2_write_in(srv->l2, kvs_l1_key(o), geom, kvs_l1_data(o), kvs_l1_len(o), o, group, idx) != 0)
 			kvs_l1_unpin(srv->l1, o);
 	}
-	if (srv->l3 && kvs_l3_admit(srv->l3, kvs_l1_key(o)))
+	/* not when L3 is known to hold it already (a chunk stored again) */
+	if (srv->l3 && !kvs_l3_known(srv->l3, kvs_l1_key(o), geom, kvs_l1_len(o)) &&
+	    kvs_l3_admit(srv->l3, kvs_l1_key(o)))
 		to_l3(srv, o, geom, group, idx);
 }
 

@@ -19,7 +19,7 @@
 #define MAX_PREFIX 63
 #define MAX_KEY (MAX_PREFIX + 64 + 12)
 #define RETRY_MS 1000
-#define KNOWN_BITS 16 /* remembered objects: 64 K, direct-mapped */
+#define KNOWN_BITS 18 /* remembered objects: 256 K, direct-mapped */
 #define SEEN_BITS 16  /* second-hit admission: first uses remembered */
 
 enum { W_PROBE, W_READ, W_WRITE, N_WORKERS };
@@ -421,6 +421,7 @@ static void *worker_main(void *arg)
 	kvs_l3 *l3 = w->l3;
 	uint8_t *buf = NULL; /* the writer's part-0 buffer, reused */
 	uint64_t cap = 0;
+	connection(w); /* at start, so that l3_connected says at once whether the store is reachable */
 	pthread_mutex_lock(&l3->mu);
 	for (;;) {
 		while (!l3->q[w->kind].n && !l3->stop)
