@@ -93,8 +93,8 @@ class FailoverTest(unittest.TestCase):
     def setUpClass(cls):
         l3lib.skip_unless_ready()
         cls.rc = l3lib.start_cluster()
-        cls.s1 = l3_server(cls.rc.seeds, prefix="kvt-l3a-")
-        cls.s2 = l3_server(cls.rc.seeds, prefix="kvt-l3b-")
+        cls.s1 = l3_server(cls.rc.seeds, l1_size="256M", prefix="kvt-l3a-")
+        cls.s2 = l3_server(cls.rc.seeds, l1_size="256M", prefix="kvt-l3b-")
         cls.s1.start()
         cls.s2.start()
         cls.a = Rank(cls.s1, "eng-a", LAYERS, 64, BLOCK, timeout_ms=CLIENT_MS)
@@ -112,6 +112,8 @@ class FailoverTest(unittest.TestCase):
         cls.rc.stop()
 
     def prestore(self, prompts):
+        """Stores prompts through server 1 and waits until L3 has them (server
+        1's L1 of 256 MiB caps its write-behind queue at 64 MiB: no drops)."""
         st = self.s1.stats()
         for p in prompts:
             r = self.a.store(p * 10 + 1, prompt_keys(p, N), 0)

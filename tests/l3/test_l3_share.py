@@ -195,14 +195,15 @@ class ShareTest(unittest.TestCase):
     def test_4c_colliding_objects_in_one_probe(self):
         """A prompt two of whose objects share a slot of the server's table of
         objects known to be in L3 (storage/kvs_l3.c: XXH3-64 of the object key,
-        low 16 bits, direct-mapped): the lookup must still answer every chunk
-        the probe found, every time."""
+        low KNOWN_BITS bits, direct-mapped; the two collide in the low 20 bits,
+        so in any such table of up to 2^20 slots): the lookup must still answer
+        every chunk the probe found, every time."""
         def slot(ck):
-            return l3lib.xxh3(l3lib.objkey(ck)) & 0xFFFF
+            return l3lib.xxh3(l3lib.objkey(ck)) & 0xFFFFF
         found = None
-        for p in range(10000, 40000):
+        for p in range(10000, 60000):
             seen = {}
-            for j, ck in enumerate(prompt_keys(p, 32)):
+            for j, ck in enumerate(prompt_keys(p, 64)):
                 if slot(ck) in seen:
                     found = (p, seen[slot(ck)], j)
                     break
