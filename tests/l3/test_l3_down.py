@@ -95,7 +95,7 @@ class DownTest(unittest.TestCase):
               "(slowest %.0f ms)" % (name, m["hb50"] * 1e3, m["hb99"] * 1e3, m["st50"] * 1e3, m["st99"] * 1e3,
                                      m["stores"], m["lookups"], m["lookup_max"] * 1e3))
         self.assertEqual(load.errors, [], name)
-        self.assertGreater(load.stores, 5, name)
+        self.assertGreaterEqual(load.stores, 3, name)
         return m
 
     def serve_known(self, prompts, tier, job0):
@@ -144,7 +144,7 @@ class DownTest(unittest.TestCase):
                 self.assertLessEqual(m[k], bound, "%s: %s %.2f ms > bound %.2f ms (up %.2f ms)" % (
                     name, k, m[k] * 1e3, bound * 1e3, up[k] * 1e3))
             # a lookup that asks L3 answers within l3-lookup-ms (+ slack for a busy machine)
-            self.assertLessEqual(m["lookup_max"], LOOKUP_MS / 1000 + 0.4, name)
+            self.assertLessEqual(m["lookup_max"], LOOKUP_MS / 1000 + 0.2, name)
         self.assertGreater(delta(st_h, st0, "l3_lookup_timeouts") + delta(st_h, st0, "l3_probe_errors"), 0,
                            "hung cluster: lookups neither timed out nor failed")
         self.assertGreater(delta(st_d, st0, "l3_write_errors") + delta(st_d, st0, "l3_write_drops"), 0)

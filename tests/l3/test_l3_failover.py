@@ -201,11 +201,11 @@ class FailoverTest(unittest.TestCase):
         src = self.rc.slot_map_owner(slot)
         dst = next(m for m in masters if m != src)
         sid, did = self.rc.node_id(src), self.rc.node_id(dst)
-        self.rc.call(dst, "CLUSTER", "SETSLOT", slot, "IMPORTING", sid)
-        self.rc.call(src, "CLUSTER", "SETSLOT", slot, "MIGRATING", did)
-        self.assertEqual(self.rc.call(src, "MIGRATE", "127.0.0.1", dst, rkey, 0, 5000), "OK")
-        st2 = self.s2.stats()
         try:
+            self.rc.call(dst, "CLUSTER", "SETSLOT", slot, "IMPORTING", sid)
+            self.rc.call(src, "CLUSTER", "SETSLOT", slot, "MIGRATING", did)
+            self.assertEqual(self.rc.call(src, "MIGRATE", "127.0.0.1", dst, rkey, 0, 5000), "OK")
+            st2 = self.s2.stats()
             with scheduler(self.s2, CLIENT_MS) as sc:
                 lk = sc.lookup(key0)
                 self.assertEqual((lk.hits, lk.tiers), (1, ["l3"]), "lookup of a key behind ASK")
