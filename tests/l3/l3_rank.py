@@ -27,7 +27,7 @@ SENTINEL = 0xA5
 
 class RankProc:
     def open(self, broker_dir, engine, ns, layers, nb, block, rank, world, timeout_ms):
-        self.layers, self.nb, self.block = layers, nb, block
+        self.layers, self.nb, self.block, self.rank = layers, nb, block, rank
         self.timeout_ms = timeout_ms
         self.mem = kvside.HostMemory(layers * nb * block, name="kvt-l3-rank")
         self.c = kvside.Client(engine, ns, role="worker", rank=rank, world=world, broker_dir=broker_dir,
@@ -52,7 +52,7 @@ class RankProc:
             for l in range(self.layers):
                 for j in range(l3lib.BPC):
                     o = self.off(l, first + i * l3lib.BPC + j)
-                    v[o:o + self.block] = l3lib.block_pattern(k, l, j, self.block)
+                    v[o:o + self.block] = l3lib.block_pattern(k, l, j, self.block, self.rank)
         t = time.monotonic()
         tm = timeout_ms or self.timeout_ms
         try:
@@ -92,7 +92,7 @@ class RankProc:
                     for j in range(l3lib.BPC):
                         o = self.off(l, first + i * l3lib.BPC + j)
                         got = bytes(v[o:o + self.block])
-                        want = l3lib.block_pattern(k, l, j, self.block)
+                        want = l3lib.block_pattern(k, l, j, self.block, self.rank)
                         if got != want:
                             bad += sum(a != b for a, b in zip(got, want))
                 if bad:

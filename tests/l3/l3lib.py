@@ -60,17 +60,18 @@ def prompt_keys(prompt, n_chunks, ns=NS):
     return kvside.chunk_keys(ns, prompt_tokens(prompt, n_chunks), CHUNK_TOKENS)
 
 
-def block_pattern(chunk_key, layer, j, size):
-    """The bytes of block j (0..BPC-1) of layer `layer` of a chunk: a function of
-    the chunk key alone, so that any process can check them."""
-    seed = int.from_bytes(hashlib.blake2b(chunk_key + bytes([layer, j]), digest_size=8).digest(), "little")
+def block_pattern(chunk_key, layer, j, size, rank=0):
+    """The bytes of block j (0..BPC-1) of layer `layer` of a chunk on a rank: a
+    function of the chunk key and rank alone, so that any process can check them."""
+    tag = bytes([layer, j]) + (struct.pack("<I", rank) if rank else b"")
+    seed = int.from_bytes(hashlib.blake2b(chunk_key + tag, digest_size=8).digest(), "little")
     return random.Random(seed).randbytes(size)
 
 
-def object_data(chunk_key, layers, block):
+def object_data(chunk_key, layers, block, rank=0):
     """An object's data as the server lays it out: layer by layer, the chunk's
     blocks_per_chunk blocks each (protocol.md §14.2)."""
-    return b"".join(block_pattern(chunk_key, l, j, block) for l in range(layers) for j in range(BPC))
+    return b"".join(block_pattern(chunk_key, l, j, block, rank) for l in range(layers) for j in range(BPC))
 
 
 def ns_digest(ns=NS):
@@ -309,13 +310,26 @@ class Rank:
         if not r.get("ok"):
             raise RuntimeError("rank open: %s" % r)
 
-    def call(self, **cmd):
+    def send(self, **cmd):
+        """Sends a command without waiting (ranks of one job run at once)."""
         self.p.stdin.write((json.dumps(cmd) + "\n").encode())
         self.p.stdin.flush()
+
+    def recv(self):
         line = self.p.stdout.readline()
         if not line:
             raise RuntimeError("rank process died (%s)" % self.p.poll())
         return json.loads(line)
+
+    def call(self, **cmd):
+        self.send(**cmd)
+        return self.recv()
+
+    def store_async(self, job, keys, first_block, timeout_ms=None):
+        self.send(op="store", job=job, keys=[k.hex() for k in keys], first=first_block, timeout_ms=timeout_ms)
+
+    def retrieve_async(self, job, keys, first_block, timeout_ms=None):
+        self.send(op="retrieve", job=job, keys=[k.hex() for k in keys], first=first_block, timeout_ms=timeout_ms)
 
     def store(self, job, keys, first_block, timeout_ms=None):
         return self.call(op="store", job=job, keys=[k.hex() for k in keys], first=first_block, timeout_ms=timeout_ms)

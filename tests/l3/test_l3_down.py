@@ -23,6 +23,7 @@ from l3lib import Rank, RawPeer, delta, l3_server, pct, prompt_keys, scheduler
 LAYERS, BLOCK = 2, 16 << 10
 N = 2
 LOOKUP_MS = 100
+TIMEOUT_MS = 200                # l3-timeout-ms (the default, given explicitly)
 SAMPLES = 250
 
 
@@ -62,7 +63,7 @@ class DownTest(unittest.TestCase):
     def setUp(self):
         l3lib.skip_unless_ready()
         self.rc = l3lib.start_cluster()
-        self.s = l3_server(self.rc.seeds, lookup_ms=LOOKUP_MS, prefix="kvt-l3down-")
+        self.s = l3_server(self.rc.seeds, lookup_ms=LOOKUP_MS, timeout_ms=TIMEOUT_MS, prefix="kvt-l3down-")
         self.s.start()
         self.a = Rank(self.s, "eng-a", LAYERS, 64, BLOCK)
 
@@ -112,7 +113,44 @@ class DownTest(unittest.TestCase):
                 self.assertTrue(r["ok"], r)
                 self.assertEqual(r["wrong_bytes"], 0)
 
+    def l3_only(self, prompts):
+        """Prompts stored, written to L3 and L2, then cleared from L1 and L2
+        (admin clear): this server can only promote them from L3."""
+        st = self.s.stats()
+        for p in prompts:
+            self.assertTrue(self.a.store(p, prompt_keys(p, N), 0)["ok"])
+        l3lib.wait_written(self.s, st.get("l3_writes", 0) + len(prompts) * N)
+        with scheduler(self.s) as sc:
+            t_end = time.monotonic() + 10
+            while True:
+                try:
+                    sc.admin("clear")
+                    break
+                except l3lib.kvside.KvsideError as e:   # E_BUSY while L2 writes are queued
+                    if e.code_name != "E_BUSY" or time.monotonic() > t_end:
+                        raise
+                    time.sleep(0.05)
+
+    def retrieve_bounded(self, prompts, job0, name):
+        """Retrieves of L3-only prompts with the cluster down: each answers
+        within two L3 calls (2 x 2 x l3-timeout-ms) plus slack, and a failed
+        one leaves the destination untouched."""
+        worst, codes = 0.0, []
+        for i, p in enumerate(prompts):
+            r = self.a.retrieve(job0 + i, prompt_keys(p, N), 32)
+            worst = max(worst, r["t"])
+            codes.append("OK" if r["ok"] else r.get("code"))
+            if r["ok"]:
+                self.assertEqual(r["wrong_bytes"], 0)
+            else:
+                self.assertTrue(r["untouched"], r)
+        print("%-8s retrieves of L3-only prompts: %s, slowest %.0f ms" % (name, codes, worst * 1e3))
+        self.assertLessEqual(worst, 4 * TIMEOUT_MS / 1000 + 0.6, name)
+
     def test_cluster_down(self):
+        self.l3_only([901, 902, 903, 951, 952, 953])
+        with scheduler(self.s) as sc:
+            self.assertEqual(sc.lookup(prompt_keys(901, N)).tiers, ["l3"] * N)
         known = list(range(1, 6))
         for p in known:
             self.assertTrue(self.a.store(p, prompt_keys(p, N), 0)["ok"])
@@ -128,6 +166,7 @@ class DownTest(unittest.TestCase):
         hung = self.measure("hung", 20000)
         st_h = self.s.stats()
         self.serve_known(known, "l1", 100)
+        self.retrieve_bounded([901, 902, 903], 400, "hung")
         # a cluster that refuses
         for port in self.rc.ports:
             self.rc.kill(port, signal.SIGKILL)
@@ -135,6 +174,7 @@ class DownTest(unittest.TestCase):
         dead = self.measure("dead", 30000)
         st_d = self.s.stats()
         self.serve_known(known, "l1", 200)
+        self.retrieve_bounded([951, 952, 953], 500, "dead")
         print("l3 stats after down phases:", {k: delta(st_d, st0, k) for k in (
             "l3_probe_errors", "l3_lookup_timeouts", "l3_write_errors", "l3_write_drops", "l3_nodes_down",
             "l3_refreshes")}, "connected", st_d.get("l3_connected"))
