@@ -174,6 +174,11 @@ class CorruptTest(unittest.TestCase):
             r = self.b.retrieve(job, k41[:1], 0)
             self.assertTrue(r["ok"], r)
             self.assertEqual(r["wrong_bytes"], 0)
+        # what a refused split record leaves behind in Redis (parts after part 0)
+        left = {}
+        for p in (61, 62, 63):
+            left[p] = [i for i in range(4) if self.rc.route("EXISTS", redis_key(objkey(k[p]), part=i))]
+        report.append("parts left in Redis after refusal (split records 61, 62, 63): %s" % left)
         print("\n".join(report))
         print(l3lib.l3_stats(self.s2.stats()))
         self.assertEqual(served, [], "corrupt or foreign records served")
