@@ -267,5 +267,52 @@ class ShareTest(unittest.TestCase):
             s5.cleanup()
 
 
+class PasswordTest(unittest.TestCase):
+    """A cluster with requirepass: servers with l3-password share through it;
+    a server with a wrong password keeps serving L1 (stores commit, lookups
+    answer) and says it has no L3 connection."""
+
+    def test_password(self):
+        l3lib.skip_unless_ready()
+        rc = l3lib.Cluster(masters=3, replicas=0, password="s3cret-l3")
+        rc.start()
+        srvs, ranks = [], []
+        try:
+            s1 = l3_server(rc.seeds, "--l3-password", "s3cret-l3", prefix="kvt-l3pa-")
+            s2 = l3_server(rc.seeds, "--l3-password", "s3cret-l3", prefix="kvt-l3pb-")
+            bad = l3_server(rc.seeds, "--l3-password", "wrong", prefix="kvt-l3pc-")
+            for s in (s1, s2, bad):
+                srvs.append(s)
+                s.start()
+            a, b, c = Rank(s1, "pa", LAYERS, 64, BLOCK), Rank(s2, "pb", LAYERS, 64, BLOCK), Rank(bad, "pc", LAYERS, 64, BLOCK)
+            ranks += [a, b, c]
+            keys = prompt_keys(90, 2)
+            self.assertTrue(a.store(1, keys, 0)["ok"])
+            w = l3lib.wait_written(s1, 2)
+            self.assertEqual(w.get("l3_writes"), 2, l3lib.l3_stats(w))
+            with scheduler(s2) as sc:
+                self.assertEqual(sc.lookup(keys).tiers, ["l3", "l3"])
+            r = b.retrieve(1, keys, 0)
+            self.assertTrue(r["ok"], r)
+            self.assertEqual(r["wrong_bytes"], 0)
+            # the wrong password: L1 works, L3 does not
+            r = c.store(1, prompt_keys(91, 2), 0)
+            self.assertTrue(r["ok"], r)
+            with scheduler(bad) as sc:
+                self.assertEqual(sc.lookup(prompt_keys(91, 2)).tiers, ["l1", "l1"])
+                self.assertEqual(sc.lookup(keys).hits, 0)
+            st = bad.stats()
+            print("wrong password:", {k: v for k, v in l3lib.l3_stats(st).items() if v})
+            self.assertEqual(st.get("l3_connected"), 0)
+            self.assertEqual(st.get("l3_writes"), 0)
+        finally:
+            for r in ranks:
+                r.close()
+            for s in srvs:
+                s.stop()
+                s.cleanup()
+            rc.stop()
+
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)
