@@ -22,6 +22,9 @@ typedef struct kvb_opts {
 	bool expect_bound;   /* trace: fail unless the hit ratio equals the bound */
 	uint32_t inflight;   /* copy: jobs in flight per rank (default 1) */
 	bool spread;         /* gpu: rank r on GPU r % devices */
+	const char *l3_redis; /* l3: seeds of an existing cluster (NULL: start one) */
+	uint32_t l3_masters;  /* l3: masters of the cluster it starts (1 or 3) */
+	const char *l3_lookup_ms; /* l3: the servers' l3-lookup-ms (NULL: 100) */
 } kvb_opts;
 
 /* One result line. baseline 0 = none; target "" = none. */
@@ -51,5 +54,7 @@ int kvb_mode_trace_lru(const kvb_opts *o);
 int kvb_mode_restart(const kvb_opts *o);
 int kvb_mode_memory(const kvb_opts *o);
 int kvb_mode_gpu(const kvb_opts *o);
+/* 77 when it cannot run here (no hiredis, no redis-server) */
+int kvb_mode_l3(const kvb_opts *o);
 
 #endif

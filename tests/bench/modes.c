@@ -1462,3 +1462,526 @@ int kvb_mode_gpu(const kvb_opts *o)
 	return 0;
 }
 #endif
+
+/* ---- L3: the shared tier on a Redis Cluster (issue 17) ---------------------------- */
+
+#if KVB_HAVE_HIREDIS
+#include <hiredis/hiredis.h>
+
+#include "kvs_rcluster.h"
+#include "kvs_record.h"
+
+/* The cluster the mode uses: o->l3_redis, or one it starts with
+ * tests/l3/redis_cluster.py ($KVS_RCLUSTER_HELPER) and stops at the end. */
+typedef struct l3_cluster {
+	char dir[300];
+	char seeds[1024];
+} l3_cluster;
+
+static int l3_cluster_start(const kvb_opts *o, l3_cluster *cl)
+{
+	memset(cl, 0, sizeof(*cl));
+	if (o->l3_redis) {
+		snprintf(cl->seeds, sizeof(cl->seeds), "%s", o->l3_redis);
+		return 0;
+	}
+	const char *helper = getenv("KVS_RCLUSTER_HELPER") ? getenv("KVS_RCLUSTER_HELPER") : "tests/l3/redis_cluster.py";
+	snprintf(cl->dir, sizeof(cl->dir), "%s/kvb-l3-cluster-XXXXXX", o->dir);
+	if (!mkdtemp(cl->dir))
+		return -1;
+	char cmd[900];
+	snprintf(cmd, sizeof(cmd), "%s %s start %s --masters %u --replicas 0", getenv("KVS_PYTHON") ? getenv("KVS_PYTHON") : "python3",
+		 helper, cl->dir, o->l3_masters == 3 ? 3u : 1u);
+	FILE *p = popen(cmd, "r");
+	if (!p || !fgets(cl->seeds, sizeof(cl->seeds), p)) {
+		int st = p ? pclose(p) : -1;
+		cl->dir[0] = '\0';
+		return WIFEXITED(st) && WEXITSTATUS(st) == 77 ? 77 : -1;
+	}
+	pclose(p);
+	cl->seeds[strcspn(cl->seeds, "\n")] = '\0';
+	return 0;
+}
+
+static void l3_cluster_stop(l3_cluster *cl)
+{
+	if (!cl->dir[0])
+		return;
+	const char *helper = getenv("KVS_RCLUSTER_HELPER") ? getenv("KVS_RCLUSTER_HELPER") : "tests/l3/redis_cluster.py";
+	char cmd[1000];
+	snprintf(cmd, sizeof(cmd), "%s %s stop %s >/dev/null 2>&1; rm -rf '%s'",
+		 getenv("KVS_PYTHON") ? getenv("KVS_PYTHON") : "python3", helper, cl->dir, cl->dir);
+	if (system(cmd) != 0)
+		fprintf(stderr, "l3: could not stop the cluster in %s\n", cl->dir);
+	cl->dir[0] = '\0';
+}
+
+/* Raw hiredis on the node that owns each key (the slot map read once with
+ * kvs_rcluster; one connection per node, as the server's L3 worker has). */
+typedef struct raw_redis {
+	kvs_rcluster *rc;
+	char node[8][300];
+	redisContext *ctx[8];
+	int n;
+} raw_redis;
+
+static redisContext *raw_for(raw_redis *r, const void *key, size_t klen)
+{
+	char node[300];
+	if (kvs_rcluster_slot_node(r->rc, kvs_rcluster_keyslot(key, klen), node, sizeof(node)) != 0)
+		return NULL;
+	for (int i = 0; i < r->n; i++)
+		if (!strcmp(r->node[i], node))
+			return r->ctx[i];
+	if (r->n == 8)
+		return NULL;
+	char host[300];
+	snprintf(host, sizeof(host), "%s", node);
+	char *colon = strrchr(host, ':');
+	if (!colon)
+		return NULL;
+	*colon = '\0';
+	struct timeval tv = {10, 0};
+	redisContext *c = redisConnectWithTimeout(host, atoi(colon + 1), tv);
+	if (!c || c->err) {
+		redisFree(c);
+		return NULL;
+	}
+	redisSetTimeout(c, tv);
+	snprintf(r->node[r->n], sizeof(r->node[0]), "%s", node);
+	r->ctx[r->n] = c;
+	return r->ctx[r->n++];
+}
+
+static void raw_close(raw_redis *r)
+{
+	for (int i = 0; i < r->n; i++)
+		redisFree(r->ctx[i]);
+	kvs_rcluster_close(r->rc);
+}
+
+/* SET (or GET, copied into buf) of n values of len bytes under "kvbraw:<run>:<i>"
+ * keys (i from first) as long as the tier's (prefix + 64 bytes); seconds, or -1. */
+static double raw_pass(raw_redis *r, bool set, uint64_t run, uint32_t first, uint32_t n, const uint8_t *val,
+		       uint8_t *buf, size_t len)
+{
+	double t0 = kvb_now();
+	for (uint32_t i = first; i < first + n; i++) {
+		char key[72];
+		memset(key, 'k', sizeof(key));
+		int kl = snprintf(key, sizeof(key), "kvbraw:%llu:%u:", (unsigned long long)run, i);
+		key[kl] = 'k';
+		redisContext *c = raw_for(r, key, sizeof(key));
+		if (!c)
+			return -1;
+		const char *av[3] = {set ? "SET" : "GET", key, (const char *)val};
+		size_t al[3] = {3, sizeof(key), len};
+		redisReply *rr = redisCommandArgv(c, set ? 3 : 2, av, al);
+		bool ok = rr && (set ? rr->type == REDIS_REPLY_STATUS : rr->type == REDIS_REPLY_STRING && (size_t)rr->len == len);
+		if (ok && !set)
+			memcpy(buf, rr->str, len);
+		if (rr)
+			freeReplyObject(rr);
+		if (!ok)
+			return -1;
+	}
+	return kvb_now() - t0;
+}
+
+/* Until the server's write-behind has dealt with `want` objects (written,
+ * failed or dropped) and its queue is empty; false after 120 s or when the
+ * counters are missing. Not exact (the trace): also done once the queue is
+ * empty and the count has not moved for 3 polls (the server skips objects
+ * L3 is known to hold, so fewer than `want` may ever be written). */
+static bool l3_drained_x(kvs_client *sc, uint64_t want, bool exact)
+{
+	uint64_t last = UINT64_MAX;
+	int still = 0;
+	for (int i = 0; i < 120000; i++) {
+		kvs_stat_out st[256];
+		uint32_t n = 0;
+		if (kvs_stats(sc, 10000, st, 256, &n) != 0)
+			return false;
+		uint64_t w = kvs_stat_find(st, n, "l3_writes"), e = kvs_stat_find(st, n, "l3_write_errors"),
+			 d = kvs_stat_find(st, n, "l3_write_drops"), q = kvs_stat_find(st, n, "l3_queue_bytes");
+		if (w == UINT64_MAX || e == UINT64_MAX || d == UINT64_MAX || q == UINT64_MAX)
+			return false;
+		if (w + e + d >= want && q == 0)
+			return true;
+		still = q == 0 && w + e + d == last ? still + 1 : 0;
+		if (!exact && still >= 3)
+			return true;
+		last = w + e + d;
+		usleep(1000);
+	}
+	return false;
+}
+
+static bool l3_drained(kvs_client *sc, uint64_t want) { return l3_drained_x(sc, want, true); }
+
+static int l3_server_start(const kvb_opts *o, kvt_server *s, const char *seeds, const char *l1)
+{
+	return kvb_server_start(o, s, "--l1-size", l1, "--l3-redis", seeds, "--l3-lookup-ms",
+				o->l3_lookup_ms ? o->l3_lookup_ms : "100", NULL);
+}
+
+/* Throughput: objects stored on s1 and written behind to L3, then looked up
+ * and retrieved on s2 (promoted from L3), beside raw SET/GET of the same
+ * sizes on the same nodes. */
+static int l3_throughput(const kvb_opts *o, const char *seeds)
+{
+	const uint32_t chunks = 16;                      /* per job: 16 MiB */
+	geo g = {.layers = 1, .bpc = 16, .nb = 2 * chunks * 16 + 2, .block = 64 << 10};
+	const uint64_t obj = (uint64_t)g.layers * g.bpc * g.block; /* 1 MiB */
+	uint32_t jobs = o->quick ? 2 : 16, rounds = o->quick ? 1 : 3, n = jobs * chunks;
+	char l1[32];
+	/* every round stays in s2's L1; s1's write-behind queue is capped at L1 / 4
+	 * (server/loop.c), and one round is queued at once */
+	uint64_t l1b = (rounds > 4 ? rounds : 4) * n * obj + (64ull << 20);
+	snprintf(l1, sizeof(l1), "%llu", (unsigned long long)l1b);
+	kvt_server s1, s2;
+	if (l3_server_start(o, &s1, seeds, l1) != 0)
+		return 1;
+	if (l3_server_start(o, &s2, seeds, l1) != 0) {
+		kvt_server_stop(&s1);
+		kvt_server_cleanup(&s1);
+		return 1;
+	}
+	int rc = 0;
+	rank_ctx r1 = {0}, r2 = {0};
+	raw_redis raw = {0};
+	kvs_client *sc1 = kvt_client(&s1, "l3w", KVS_ROLE_SCHEDULER, 0, 1, NULL, NULL);
+	kvs_client *sc2 = kvt_client(&s2, "l3r", KVS_ROLE_SCHEDULER, 0, 1, NULL, NULL);
+	kvs_rcluster_config cfg;
+	kvs_rcluster_config_defaults(&cfg);
+	cfg.seeds = seeds;
+	cfg.io_timeout_ms = 10000;
+	char err[300];
+	uint8_t *val = malloc(obj + KVS_RECORD_HDR_BYTES), *buf = malloc(obj + KVS_RECORD_HDR_BYTES);
+	uint8_t *keys = malloc(32ull * chunks);
+	if (!sc1 || !sc2 || !val || !buf || !keys || rank_setup(&s1, "l3w", 0, 1, g, &r1) != 0 ||
+	    rank_setup(&s2, "l3r", 0, 1, g, &r2) != 0 || kvs_rcluster_open(&cfg, &raw.rc, err, sizeof(err)) != 0) {
+		fprintf(stderr, "l3: setup failed\n");
+		rc = 1;
+		goto out;
+	}
+	memset(val, 0x5a, obj + KVS_RECORD_HDR_BYTES);
+	memset(buf, 0, obj + KVS_RECORD_HDR_BYTES);
+	double tw = 0, tr = 0, rw = 0, rr = 0;
+	uint64_t written = 0, job = 1, bad = 0;
+	/* job by job, kvside and raw back to back, alternating which goes first,
+	 * so that a busy machine slows both alike; times summed */
+	for (uint32_t round = 0; round < rounds && !rc; round++) {
+		uint64_t run = 970 + round;
+		/* write: a job stored on s1, timed until its objects are in L3 */
+		for (uint32_t j = 0; j < jobs && !rc; j++)
+			for (int turn = 0; turn < 2 && !rc; turn++) {
+				bool ours = (turn == 0) == ((j + round) % 2 == 0);
+				double t0 = kvb_now();
+				if (!ours) {
+					double t = raw_pass(&raw, true, run, j * chunks, chunks, val, buf, obj + KVS_RECORD_HDR_BYTES);
+					rc |= t < 0;
+					rw += t;
+					continue;
+				}
+				rc = run_job(&r1, true, job++, run, (uint64_t)j * chunks, chunks, 0, 2, NULL);
+				written += chunks;
+				if (!rc && !l3_drained(sc1, written)) {
+					fprintf(stderr, "l3: server 1 did not write %llu objects behind\n", (unsigned long long)written);
+					rc = 1;
+				}
+				tw += kvb_now() - t0;
+			}
+		if (!rc && (kvb_stat(sc1, "l3_write_drops") || kvb_stat(sc1, "l3_write_errors"))) {
+			fprintf(stderr, "l3: server 1 dropped %llu and failed %llu writes: the figure would be wrong\n",
+				(unsigned long long)kvb_stat(sc1, "l3_write_drops"), (unsigned long long)kvb_stat(sc1, "l3_write_errors"));
+			rc = 1;
+		}
+		/* read: lookup + retrieve on s2, every object from L3; the odd
+		 * destination blocks are wiped first, then must equal the even
+		 * source blocks (s2's rank memory starts as s1's: same seed) */
+		for (uint32_t j = 0; j < jobs && !rc; j++)
+			for (int turn = 0; turn < 2 && !rc; turn++) {
+				bool ours = (turn == 0) == ((j + round) % 2 == 0);
+				if (!ours) {
+					double t = raw_pass(&raw, false, run, j * chunks, chunks, val, buf, obj + KVS_RECORD_HDR_BYTES);
+					rc |= t < 0;
+					rr += t;
+					continue;
+				}
+				for (uint32_t k = 0; k < chunks; k++)
+					kvb_key(run, (uint64_t)j * chunks + k, keys + 32 * k);
+				for (uint32_t b = 0; b < chunks * g.bpc; b++)
+					memset(r2.mem + (uint64_t)(1 + 2 * b) * g.block, 0, g.block);
+				double t0 = kvb_now();
+				uint64_t h = 0;
+				uint8_t tiers[64];
+				if ((rc = kvs_lookup(sc2, keys, chunks, false, 0, 30000, &h, tiers)) != 0)
+					break;
+				if (h != chunks || tiers[0] != KVS_TIER_L3) {
+					fprintf(stderr, "l3: server 2 lookup: %llu of %u hits, tier %u (server 1: l3_writes %llu "
+						"l3_write_drops %llu; server 2: l3_probe_keys %llu l3_probe_hits %llu "
+						"l3_lookup_timeouts %llu)\n", (unsigned long long)h, chunks, tiers[0],
+						(unsigned long long)kvb_stat(sc1, "l3_writes"),
+						(unsigned long long)kvb_stat(sc1, "l3_write_drops"),
+						(unsigned long long)kvb_stat(sc2, "l3_probe_keys"),
+						(unsigned long long)kvb_stat(sc2, "l3_probe_hits"),
+						(unsigned long long)kvb_stat(sc2, "l3_lookup_timeouts"));
+					rc = 1;
+					break;
+				}
+				rc = run_job(&r2, false, job++, run, (uint64_t)j * chunks, chunks, 1, 2, NULL);
+				tr += kvb_now() - t0;
+				for (uint32_t b = 0; b < chunks * g.bpc && !rc; b++)
+					bad += memcmp(r2.mem + (uint64_t)(1 + 2 * b) * g.block, r2.mem + (uint64_t)(2 * b) * g.block,
+						      g.block) != 0;
+			}
+	}
+	if (bad) {
+		fprintf(stderr, "l3: %llu blocks retrieved from L3 differ from what was stored\n", (unsigned long long)bad);
+		rc = 1;
+	}
+	if (!rc) {
+		double gb = (double)rounds * n * obj / 1e9;
+		kvb_result("l3 write (store on server 1 until written behind, 1 MiB objects)", gb / tw, "GB/s", gb / rw,
+			   ">= 0.80 x raw SET");
+		kvb_result("l3 read (lookup + retrieve on server 2, from L3)", gb / tr, "GB/s", gb / rr,
+			   ">= 0.80 x raw GET");
+		kvb_note("l3: %u x %u objects of 1 MiB in jobs of %u; write: a store job on server 1 until its l3_writes "
+			 "count it; read: lookup + retrieve job on server 2 (L3 -> L1 -> rank memory, byte-checked)",
+			 rounds, n, chunks);
+		kvb_note("l3 baseline: raw hiredis SET, GET + copy of the same number of values of the record's size "
+			 "(1 MiB + 96 B), same node(s), one connection per node; job by job, alternating which goes first");
+		kvb_note("l3 counters: server 1 l3_write_bytes %llu, l3_write_errors %llu, l3_write_drops %llu; server 2 "
+			 "l3_reads %llu, l3_read_errors %llu, l3_corrupt %llu", (unsigned long long)kvb_stat(sc1, "l3_write_bytes"),
+			 (unsigned long long)kvb_stat(sc1, "l3_write_errors"), (unsigned long long)kvb_stat(sc1, "l3_write_drops"),
+			 (unsigned long long)kvb_stat(sc2, "l3_reads"), (unsigned long long)kvb_stat(sc2, "l3_read_errors"),
+			 (unsigned long long)kvb_stat(sc2, "l3_corrupt"));
+	}
+out:
+	raw_close(&raw);
+	free(val);
+	free(buf);
+	free(keys);
+	kvs_client_close(r1.c);
+	kvs_client_close(r2.c);
+	kvs_client_close(sc1);
+	kvs_client_close(sc2);
+	kvt_server_stop(&s1);
+	kvt_server_stop(&s2);
+	kvt_server_cleanup(&s1);
+	kvt_server_cleanup(&s2);
+	return rc;
+}
+
+/* One server of a trace replay: its scheduler and rank, and how many objects
+ * it has stored (for the write-behind drain). */
+typedef struct tsrv {
+	kvt_server s;
+	kvs_client *sched;
+	rank_ctx r;
+	uint64_t job, stored;
+	bool l3;
+} tsrv;
+
+/* Replays tr[0..nreq) over n servers, request i on server i % n: lookup,
+ * retrieve the hit, store the rest, and (L3) wait until that server's
+ * write-behind has written what it stored, so that the next request, on
+ * another server, can find it (the replay compresses time to zero; a real
+ * trace leaves seconds between requests). *ret_hits: chunks hit. */
+static int trace_l3_replay(tsrv *sv, uint32_t n, const treq *tr, uint32_t nreq, uint32_t mx, uint64_t block,
+			   uint64_t *ret_hits, uint64_t *ret_l3_tier, uint32_t *looked, uint32_t *got)
+{
+	uint8_t *keys = malloc(32ull * mx), *tiers = malloc(mx);
+	int64_t *ids = malloc(sizeof(int64_t) * mx);
+	uint64_t hits = 0, l3t = 0;
+	int rc = 0;
+	(void)block;
+	for (uint32_t i = 0; i < nreq && !rc; i++) {
+		tsrv *v = &sv[i % n];
+		const treq *q = &tr[i];
+		for (uint32_t k = 0; k < q->n; k++)
+			kvb_key(4242, q->ids[k], keys + 32 * k);
+		uint64_t h = 0;
+		if ((rc = kvs_lookup(v->sched, keys, q->n, false, 0, 30000, &h, tiers)) != 0)
+			break;
+		looked[i] = (uint32_t)h;
+		const int64_t *lists[1] = {ids};
+		uint32_t len;
+		kvs_blocks bl = {.n_groups = 1, .ids = lists, .len = &len};
+		int st;
+		if (h) {
+			for (uint32_t k = 0; k < h; k++) {
+				ids[k] = mx + 1 + k;
+				l3t += tiers[k] == KVS_TIER_L3;
+			}
+			len = (uint32_t)h;
+			rc = kvs_retrieve(v->r.c, v->job, keys, (uint32_t)h, &bl, 0, 30000, &st);
+			if (rc == KVS_E_MISS) { /* gone between lookup and retrieve: a miss */
+				h = 0;
+				rc = 0;
+				kvs_complete(v->r.c, v->job, false, 30000, &st);
+			} else if (!rc) {
+				rc = kvs_complete(v->r.c, v->job, true, 30000, &st);
+			}
+			v->job++;
+		}
+		if (!rc && h < q->n) {
+			for (uint32_t k = 0; k < q->n - h; k++)
+				ids[k] = k;
+			len = q->n - (uint32_t)h;
+			rc = kvs_store(v->r.c, v->job, keys + 32 * h, len, &bl, NULL, 30000, &st);
+			if (!rc)
+				rc = kvs_complete(v->r.c, v->job, true, 30000, &st);
+			if (!rc)
+				rc = kvs_job_wait(v->r.c, v->job, 30000, &st);
+			if (rc == KVS_E_NOSPACE)
+				rc = 0;
+			v->job++;
+			v->stored += len;
+			if (!rc && v->l3 && !l3_drained_x(v->sched, v->stored, false)) {
+				fprintf(stderr, "trace l3: write-behind did not drain\n");
+				rc = 1;
+			}
+		}
+		got[i] = (uint32_t)h;
+		hits += h;
+	}
+	free(keys);
+	free(tiers);
+	free(ids);
+	*ret_hits = hits;
+	*ret_l3_tier = l3t;
+	return rc;
+}
+
+static int l3_trace(const kvb_opts *o, const char *seeds)
+{
+	uint32_t nreq, mx;
+	uint32_t limit = o->trace_requests ? o->trace_requests : (o->quick ? 300 : 0);
+	treq *tr = load_trace(o->trace, limit, &nreq, &mx);
+	if (!tr) {
+		fprintf(stderr, "trace: cannot read %s\n", o->trace);
+		return 1;
+	}
+	uint64_t total = 0;
+	for (uint32_t i = 0; i < nreq; i++)
+		total += tr[i].n;
+	geo g = {.layers = 1, .bpc = 1, .nb = 2 * mx + 2, .block = 4096};
+	char l1[32];
+	snprintf(l1, sizeof(l1), "%llu", (unsigned long long)(o->l1_size ? o->l1_size : (256ull << 20)));
+	tsrv sv[2];
+	memset(sv, 0, sizeof(sv));
+	int rc = 0;
+	uint64_t hits1 = 0, hits2 = 0, l3t1 = 0, l3t2 = 0;
+	double t1 = 0, t2 = 0;
+	uint32_t *look[2], *got[2];
+	for (int k = 0; k < 2; k++) {
+		look[k] = calloc(nreq ? nreq : 1, sizeof(uint32_t));
+		got[k] = calloc(nreq ? nreq : 1, sizeof(uint32_t));
+	}
+	/* one server holding everything (no L3), then two sharing L3 */
+	for (int pass = 0; pass < 2 && !rc; pass++) {
+		uint32_t n = pass ? 2 : 1;
+		for (uint32_t k = 0; k < n && !rc; k++) {
+			tsrv *v = &sv[k];
+			v->l3 = pass == 1;
+			v->job = 1;
+			v->stored = 0;
+			rc = v->l3 ? l3_server_start(o, &v->s, seeds, l1) : kvb_server_start(o, &v->s, "--l1-size", l1, NULL);
+			if (rc)
+				break;
+			v->sched = kvt_client(&v->s, "trace", KVS_ROLE_SCHEDULER, 0, 1, NULL, NULL);
+			if (!v->sched || rank_setup(&v->s, "trace", 0, 1, g, &v->r) != 0)
+				rc = 1;
+		}
+		double t0 = kvb_now();
+		if (!rc)
+			rc = trace_l3_replay(sv, n, tr, nreq, mx, g.block, pass ? &hits2 : &hits1, pass ? &l3t2 : &l3t1,
+					     look[pass], got[pass]);
+		*(pass ? &t2 : &t1) = kvb_now() - t0;
+		if (pass && !rc) {
+			uint64_t to = kvb_stat(sv[0].sched, "l3_lookup_timeouts") + kvb_stat(sv[1].sched, "l3_lookup_timeouts");
+			uint64_t co = kvb_stat(sv[0].sched, "l3_corrupt") + kvb_stat(sv[1].sched, "l3_corrupt");
+			kvb_note("trace l3: %llu hit chunks had tier l3; l3_lookup_timeouts %llu, l3_corrupt %llu (both servers)",
+				 (unsigned long long)l3t2, (unsigned long long)to, (unsigned long long)co);
+		}
+		for (uint32_t k = 0; k < n; k++) {
+			kvs_client_close(sv[k].r.c);
+			kvs_client_close(sv[k].sched);
+			kvt_server_stop(&sv[k].s);
+			kvt_server_cleanup(&sv[k].s);
+			memset(&sv[k], 0, sizeof(sv[k]));
+		}
+	}
+	double r1 = total ? (double)hits1 / total : 0, r2 = total ? (double)hits2 / total : 0;
+	int bad = 0;
+	/* where two servers hit less than one: the lookup, or the retrieve after it */
+	uint64_t short_lookup = 0, short_chunks = 0, lost_retrieve = 0, lost_chunks = 0;
+	for (uint32_t i = 0; i < nreq && !rc; i++) {
+		if (look[1][i] < got[0][i]) {
+			short_lookup++;
+			short_chunks += got[0][i] - look[1][i];
+		} else if (got[1][i] < got[0][i]) {
+			lost_retrieve++;
+			lost_chunks += got[0][i] - got[1][i];
+		}
+		if (getenv("KVB_VERBOSE") && got[1][i] != got[0][i])
+			fprintf(stderr, "trace l3: request %u (%u ids, server %u): one server %u, two: lookup %u, served %u\n", i,
+				tr[i].n, i % 2, got[0][i], look[1][i], got[1][i]);
+	}
+	if (!rc)
+		kvb_note("trace l3: two servers hit less than one in %llu requests by the lookup (%llu chunks) and in %llu by "
+			 "a retrieve that missed after the lookup hit (%llu chunks)", (unsigned long long)short_lookup,
+			 (unsigned long long)short_chunks, (unsigned long long)lost_retrieve, (unsigned long long)lost_chunks);
+	for (int k = 0; k < 2; k++) {
+		free(look[k]);
+		free(got[k]);
+	}
+	if (!rc) {
+		char nm[128];
+		snprintf(nm, sizeof(nm), "trace hit ratio, 2 servers sharing L3 (%u requests alternating)", nreq);
+		kvb_result(nm, r2, "ratio", r1, ">= 0.98 x one server");
+		kvb_result("trace requests per second, 2 servers + L3 (write-behind drained per request)", nreq / t2,
+			   "req/s", nreq / t1, "");
+		kvb_note("trace l3: %u requests, 4 KiB per block, L1 %s B per server; baseline: one server without L3 "
+			 "(hit ratio %.4f); with L3 request i goes to server i %% 2, which then waits until its write-behind "
+			 "has written what it stored", nreq, l1, r1);
+		bad = r2 < 0.98 * r1 - 1e-12 || l3t2 == 0;
+		if (bad)
+			fprintf(stderr, "trace l3: hit ratio %.6f with two servers vs %.6f on one (%llu l3 tiers)\n", r2, r1,
+				(unsigned long long)l3t2);
+	}
+	for (uint32_t i = 0; i < nreq; i++)
+		free(tr[i].ids);
+	free(tr);
+	return rc || bad;
+}
+
+int kvb_mode_l3(const kvb_opts *o)
+{
+	l3_cluster cl;
+	int r = l3_cluster_start(o, &cl);
+	if (r == 77) {
+		kvb_note("l3: redis-server not found: skipped");
+		return 77;
+	}
+	if (r) {
+		fprintf(stderr, "l3: could not start a Redis Cluster\n");
+		return 1;
+	}
+	kvb_note("l3: cluster %s (%s)", cl.seeds, o->l3_redis ? "given" : o->l3_masters == 3 ? "3 masters, started here" :
+		 "1 master holding every slot, started here");
+	int rc = l3_throughput(o, cl.seeds);
+	rc |= l3_trace(o, cl.seeds);
+	l3_cluster_stop(&cl);
+	return rc;
+}
+#else
+int kvb_mode_l3(const kvb_opts *o)
+{
+	(void)o;
+	kvb_note("l3: built without hiredis: skipped");
+	return 77;
+}
+#endif
