@@ -74,6 +74,10 @@ typedef struct kvs_registry kvs_registry;
 int kvs_registry_create(kvs_registry **ret);
 /* The CUDA engine imports go through (NULL: host only). */
 void kvs_registry_set_cuda(kvs_registry *r, struct kvs_cuda_engine *e);
+struct kvs_workq;
+/* The setup thread registers' driver work runs on, and CUDA mappings are
+ * released on (NULL: inline, on the loop). */
+void kvs_registry_set_setupq(kvs_registry *r, struct kvs_workq *q);
 /* Releases every registration and import (leases must be zero). */
 void kvs_registry_destroy(kvs_registry *r);
 
@@ -103,6 +107,9 @@ struct kvs_l2;
 bool kvs_registry_geometry(kvs_registry *r, struct kvs_l2 *l2, uint64_t session, const char *ns,
 			   uint32_t world, kvs_geo *geo);
 
+/* register: CUDA registrations are answered later, from the completion
+ * queue, once the setup thread made their imports, maps and streams (0 is
+ * returned meanwhile and s->reg_pending is set); host ones at once. */
 int kvs__op_register(kvs_server *srv, kvs_session *s, const kvs_msg *rq);
 int kvs__op_unregister(kvs_server *srv, kvs_session *s, const kvs_msg *rq);
 
