@@ -123,7 +123,7 @@ static void l2_done(void *arg, const kvs_l2_done *d)
 }
 
 static void modules_fini(kvs_server *srv);
-static void redispatch(kvs_server *srv, const uint8_t *ident, size_t ident_len, const void *buf, size_t len);
+static void replay_held(kvs_server *srv, uint64_t id);
 
 /* Creates the data-path modules in dependency order (L1, registry, CUDA
  * engine, host pool, L2, jobs); unwinds on failure. */
@@ -150,7 +150,7 @@ static int modules_init(kvs_server *srv)
 	if ((r = kvs_workq_create(srv->cq, &srv->setupq)) < 0)
 		goto fail;
 	kvs_registry_set_setupq(srv->reg, srv->setupq);
-	srv->redispatch = redispatch;
+	srv->replay = replay_held;
 	uint64_t asz;
 	void *arena = kvs_l1_arena(srv->l1, &asz);
 	char why[160] = "";
@@ -331,9 +331,22 @@ static void dispatch(kvs_server *srv, const uint8_t *ident, size_t ident_len, co
 	dispatch_msg(srv, ident, ident_len, buf, len, false);
 }
 
-static void redispatch(kvs_server *srv, const uint8_t *ident, size_t ident_len, const void *buf, size_t len)
+/* Handles the requests held behind a session's register, in order, until
+ * one of them is a register that is pending again or the session ends. */
+static void replay_held(kvs_server *srv, uint64_t id)
 {
-	dispatch_msg(srv, ident, ident_len, buf, len, true);
+	kvs_session *s;
+	/* looked up again each time: a held bye closes the session */
+	while ((s = kvs__session_get(srv, id)) != NULL && !s->reg_pending && s->held_head) {
+		kvs_held *h = s->held_head;
+		s->held_head = h->next;
+		if (!s->held_head)
+			s->held_tail = NULL;
+		s->n_held--;
+		s->held_bytes -= h->len;
+		dispatch_msg(srv, h->ident, h->ident_len, h->buf, h->len, true);
+		free(h);
+	}
 }
 
 /* Reads every pending message from the ROUTER socket without blocking. */

@@ -725,7 +725,8 @@ static void reg_done(kvs_cq_item *it)
 	uint64_t session = p->session;
 	srv->errbuf[0] = '\0';
 	reg_finish(p, true);
-	kvs__session_replay(srv, session);
+	if (srv->replay)
+		srv->replay(srv, session);
 }
 
 static int op_register(kvs_server *srv, kvs_session *s, const kvs_msg *rq);

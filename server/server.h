@@ -153,9 +153,9 @@ struct kvs_server {
 	char broker_path[300];
 	struct kvs_cq *cq; /* completion queue: work finished on other threads */
 	struct kvs_workq *setupq; /* the setup thread: registers' driver work (registry.c) */
-	/* the loop's dispatch, handed to the registry to run a session's held
-	 * requests once its register was answered (loop.c sets it) */
-	void (*redispatch)(kvs_server *srv, const uint8_t *ident, size_t ident_len, const void *buf, size_t len);
+	/* run when a session's register was answered: handles the requests held
+	 * behind it (loop.c sets it; the registry calls it) */
+	void (*replay)(kvs_server *srv, uint64_t session);
 	bool stopping;
 
 	kvs_htab *sessions; /* kvs_session by id */
@@ -216,9 +216,7 @@ void kvs__sessions_reap(kvs_server *srv);
  * raw message). 0, or KVS_E_BUSY when the session holds too much already. */
 int kvs__session_hold(kvs_server *srv, kvs_session *s, const uint8_t *ident, size_t ident_len, const void *buf,
 		      size_t len);
-/* Handles the held requests of session id, in order, until one of them is
- * a register that is pending again (or the session ends). */
-void kvs__session_replay(kvs_server *srv, uint64_t id);
+
 int kvs__op_hello(kvs_server *srv, const void *ident, size_t ident_len, const kvs_msg *rq);
 
 /* Broker (broker.c). */

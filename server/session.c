@@ -154,20 +154,3 @@ int kvs__session_hold(kvs_server *srv, kvs_session *s, const uint8_t *ident, siz
 	s->held_bytes += len;
 	return 0;
 }
-
-void kvs__session_replay(kvs_server *srv, uint64_t id)
-{
-	kvs_session *s;
-	/* the session is looked up again each time: a held bye closes it */
-	while ((s = kvs__session_get(srv, id)) != NULL && !s->reg_pending && s->held_head) {
-		kvs_held *h = s->held_head;
-		s->held_head = h->next;
-		if (!s->held_head)
-			s->held_tail = NULL;
-		s->n_held--;
-		s->held_bytes -= h->len;
-		if (srv->redispatch)
-			srv->redispatch(srv, h->ident, h->ident_len, h->buf, h->len);
-		free(h);
-	}
-}
