@@ -91,8 +91,10 @@ typedef struct teardown_item {
 static void teardown_work(kvs_workq_item *it)
 {
 	teardown_item *t = (teardown_item *)it;
+	kvs_cuda_pin_hold(t->r->cuda, true);
 	kvs_cuda_stream_destroy(t->r->cuda, t->stream);
 	spans_free(t->r, t->spans, t->n_spans);
+	kvs_cuda_pin_hold(t->r->cuda, false);
 	free(t);
 }
 
@@ -602,6 +604,9 @@ static void reg_work(kvs_workq_item *it)
 	const kvs_msg *rq = &p->rq;
 	if (p->delay_ms)
 		usleep(p->delay_ms * 1000u); /* test hook: a slow driver */
+	bool cuda = rq->device.type == KVS_DEV_CUDA;
+	if (cuda)
+		kvs_cuda_pin_hold(R->cuda, true); /* the pinning waits while we are in the driver */
 	uint32_t n = rq->n_allocs, i;
 	for (i = 0; i < n && !p->result; i++) {
 		const kvs_alloc_desc *a = &rq->allocs[i];
@@ -632,6 +637,8 @@ static void reg_work(kvs_workq_item *it)
 		p->spans = NULL;
 		p->n_spans = 0;
 	}
+	if (cuda)
+		kvs_cuda_pin_hold(R->cuda, false);
 }
 
 /* The loop: builds and installs the registration (or releases what the
