@@ -196,6 +196,11 @@ int kvs_cuda_engine_create(kvs_cq *cq, void *arena, uint64_t arena_size, const k
 	for (int i = 0; i < n_pin && e->n_slices; i++)
 		if (pthread_create(&e->pin_thr[e->n_pin_thr], NULL, pin_main, e) == 0)
 			e->n_pin_thr++;
+	if (!e->n_pin_thr) { /* nobody pins: every copy goes by cuMemcpyAsync, none waits */
+		for (uint32_t i = 0; i < e->n_slices; i++)
+			atomic_store(&e->slice[i], SLICE_FAILED);
+		atomic_store(&e->pin_left, 0);
+	}
 	kvs_info("CUDA engine: %d device(s), driver %d, copies by %s; pinning %llu MiB of L1 in the background "
 		 "(%d threads, %llu MiB slices)", e->n_dev, cu->driver_version, kvs_cuda_engine_mode(e),
 		 (unsigned long long)(arena_size >> 20), e->n_pin_thr, SLICE >> 20);

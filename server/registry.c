@@ -65,11 +65,11 @@ void kvs_registry_set_cuda(kvs_registry *r, struct kvs_cuda_engine *e)
 	kvs_imports_set_cuda(r->imports, e);
 }
 
-static void spans_free(kvs_registry *r, kvs_span *spans, uint32_t n)
+static void spans_free(struct kvs_cuda_engine *cuda, kvs_span *spans, uint32_t n)
 {
 	for (uint32_t i = 0; i < n; i++) {
 		if (spans[i].cspan) {
-			kvs_cuda_span_unmap(r->cuda, spans[i].cspan);
+			kvs_cuda_span_unmap(cuda, spans[i].cspan);
 			continue;
 		}
 		munmap(spans[i].base, spans[i].size);
@@ -82,7 +82,7 @@ static void spans_free(kvs_registry *r, kvs_span *spans, uint32_t n)
  * own releases, so FIFO unmaps the spans first. */
 typedef struct teardown_item {
 	kvs_workq_item wi; /* first */
-	kvs_registry *r;
+	struct kvs_cuda_engine *cuda; /* outlives the queue (the registry may not: shutdown) */
 	struct kvs_cuda_stream *stream;
 	kvs_span *spans;
 	uint32_t n_spans;
@@ -91,10 +91,10 @@ typedef struct teardown_item {
 static void teardown_work(kvs_workq_item *it)
 {
 	teardown_item *t = (teardown_item *)it;
-	kvs_cuda_pin_hold(t->r->cuda, true);
-	kvs_cuda_stream_destroy(t->r->cuda, t->stream);
-	spans_free(t->r, t->spans, t->n_spans);
-	kvs_cuda_pin_hold(t->r->cuda, false);
+	kvs_cuda_pin_hold(t->cuda, true);
+	kvs_cuda_stream_destroy(t->cuda, t->stream);
+	spans_free(t->cuda, t->spans, t->n_spans);
+	kvs_cuda_pin_hold(t->cuda, false);
 	free(t);
 }
 
@@ -107,10 +107,10 @@ static void release_mappings(kvs_registry *r, struct kvs_cuda_stream *stream, kv
 	teardown_item *t = device && r->q ? calloc(1, sizeof(*t)) : NULL;
 	if (!t) {
 		kvs_cuda_stream_destroy(r->cuda, stream);
-		spans_free(r, spans, n_spans);
+		spans_free(r->cuda, spans, n_spans);
 		return;
 	}
-	*t = (teardown_item){.wi.work = teardown_work, .r = r, .stream = stream, .spans = spans, .n_spans = n_spans};
+	*t = (teardown_item){.wi.work = teardown_work, .cuda = r->cuda, .stream = stream, .spans = spans, .n_spans = n_spans};
 	kvs_workq_submit(r->q, &t->wi);
 }
 
@@ -476,7 +476,7 @@ static int map_spans(kvs_registry *R, const kvs_msg *rq, kvs_import *const *imps
 	*ret_n = k;
 	return 0;
 fail:
-	spans_free(R, sp, k);
+	spans_free(R->cuda, sp, k);
 	return r;
 }
 
@@ -633,7 +633,7 @@ static void reg_work(kvs_workq_item *it)
 	if (p->result) {
 		kvs_cuda_stream_destroy(R->cuda, p->stream); /* NULL so far: nothing */
 		p->stream = NULL;
-		spans_free(R, p->spans, p->n_spans);
+		spans_free(R->cuda, p->spans, p->n_spans);
 		p->spans = NULL;
 		p->n_spans = 0;
 	}

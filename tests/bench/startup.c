@@ -301,8 +301,15 @@ int kvb_mode_startup(const kvb_opts *o)
 	for (const char *p = sz; *p;) {
 		char *end;
 		uint64_t gib = strtoull(p, &end, 10);
-		if (end == p)
+		if (strncmp(p, "max", 3) == 0) {
+			/* the largest L1 this machine allows with room for the rest:
+			 * three quarters of physical memory */
+			long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+			gib = pages > 0 && psz > 0 ? (uint64_t)pages * (uint64_t)psz / 4 * 3 >> 30 : 8;
+			end = (char *)p + 3;
+		} else if (end == p) {
 			break;
+		}
 		if (gib)
 			rc |= startup_one(o, gib, o->check);
 		p = *end == ',' ? end + 1 : end;
