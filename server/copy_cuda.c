@@ -51,7 +51,9 @@ static void *pin_main(void *arg)
 	while (!atomic_load(&e->stop)) {
 		/* a register's driver calls go first; a part waiting for a slice
 		 * goes before both */
-		if (atomic_load(&e->pin_hold) > 0 && atomic_load(&e->n_want) == 0) {
+		bool copying = atomic_load(&e->parts_inflight) > 0 ||
+			       kvs_now_ns() - atomic_load(&e->copy_active_ns) < PIN_QUIET_NS;
+		if ((atomic_load(&e->pin_hold) > 0 || copying) && atomic_load(&e->n_want) == 0) {
 			usleep(200);
 			continue;
 		}
@@ -61,6 +63,7 @@ static void *pin_main(void *arg)
 		uint8_t *p = e->arena + (uint64_t)i * SLICE;
 		uint64_t off = (uint64_t)i * SLICE;
 		uint64_t n = e->arena_size - off < SLICE ? e->arena_size - off : SLICE;
+		pthread_rwlock_rdlock(&e->gate);
 		CUresult r = CU(e, cuMemHostRegister)(p, n, CU_MEMHOSTREGISTER_DEVICEMAP | CU_MEMHOSTREGISTER_PORTABLE);
 		CUdeviceptr dp = 0;
 		uint8_t st = SLICE_FAILED;
@@ -73,6 +76,7 @@ static void *pin_main(void *arg)
 		} else {
 			CU(e, cuMemHostUnregister)(p); /* not usable at its host address */
 		}
+		pthread_rwlock_unlock(&e->gate);
 		atomic_store(&e->slice[i], st);
 		atomic_fetch_sub(&e->pin_left, 1);
 	}
@@ -134,6 +138,11 @@ int kvs_cuda_engine_create(kvs_cq *cq, void *arena, uint64_t arena_size, const k
 	e->arena = arena;
 	e->arena_size = arena_size;
 	pthread_mutex_init(&e->mu, NULL);
+	pthread_rwlockattr_t ga;
+	pthread_rwlockattr_init(&ga);
+	pthread_rwlockattr_setkind_np(&ga, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+	pthread_rwlock_init(&e->gate, &ga);
+	pthread_rwlockattr_destroy(&ga);
 	cuda_wait_init(e);
 	e->n_dev = cu->n_devices < MAX_DEV ? cu->n_devices : MAX_DEV;
 	e->have_kernel = kvs_ptx[0] != '\0';
@@ -165,6 +174,15 @@ int kvs_cuda_engine_create(kvs_cq *cq, void *arena, uint64_t arena_size, const k
 				kvs_warn("device %d: copy kernel unavailable (%s): using cuMemcpyAsync", d,
 					 kvs_cuda_strerror(r));
 				e->have_kernel = false;
+			} else {
+				/* one empty launch now: with lazy module loading the
+				 * first launch loads the kernel, which the first copy
+				 * would otherwise pay, behind the pinning */
+				void *nul = NULL;
+				unsigned zero = 0;
+				void *args[] = {&nul, &zero};
+				if (cu->cuLaunchKernel(e->fn[d], 1, 1, 1, THREADS, 1, 1, 0, 0, args, NULL) == CUDA_SUCCESS)
+					cu->cuCtxSynchronize();
 			}
 		}
 	}
@@ -242,6 +260,7 @@ void kvs_cuda_engine_destroy(kvs_cuda_engine *e)
 	}
 	free(e->slice);
 	free(e->want);
+	pthread_rwlock_destroy(&e->gate);
 	pthread_mutex_destroy(&e->mu);
 	free(e);
 }
@@ -705,7 +724,16 @@ static bool producer_pending(kvs_cuda_engine *e, kvs_cuda_stream *s, const kvs_c
 
 int kvs_cuda_stream_device(const kvs_cuda_stream *s) { return s->dev; }
 
+static void submit_part(kvs_cuda_engine *e, kvs_cuda_stream *s, const kvs_copy_part *part);
+
 void kvs_cuda_submit(kvs_cuda_engine *e, kvs_cuda_stream *s, const kvs_copy_part *part)
+{
+	bool g = gate_enter(e);
+	submit_part(e, s, part);
+	gate_leave(e, g);
+}
+
+static void submit_part(kvs_cuda_engine *e, kvs_cuda_stream *s, const kvs_copy_part *part)
 {
 	if (producer_pending(e, s, part))
 		return;
@@ -783,6 +811,9 @@ void kvs_cuda_submit(kvs_cuda_engine *e, kvs_cuda_stream *s, const kvs_copy_part
 	}
 	if ((r = CU(e, cuLaunchHostFunc)(done_on, host_done, f)) != CUDA_SUCCESS)
 		goto fail;
+	f->counted = true;
+	atomic_fetch_add(&e->parts_inflight, 1);
+	atomic_store(&e->copy_active_ns, kvs_now_ns());
 	if (s->stage && (r = CU(e, cuEventRecord)(s->last, final)) != CUDA_SUCCESS) {
 		/* the copy itself is queued; without a fresh `last` the next part
 		 * could overlap it, so wait for it here instead */
@@ -814,13 +845,19 @@ static void inflight_done(kvs_cq_item *it)
 {
 	inflight *f = (inflight *)it; /* cq is the first member */
 	kvs_cuda_engine *e = f->e;
+	if (f->counted) {
+		atomic_fetch_sub(&e->parts_inflight, 1);
+		atomic_store(&e->copy_active_ns, kvs_now_ns());
+	}
 	if (f->t_submit && f->t_done > f->t_submit) {
 		e->st.part_ns += f->t_done - f->t_submit;
 		e->st.parts++;
 	}
-	put_buf(e, f->buf);
+	bool g = f->end || (f->buf && !f->buf->pooled) ? gate_enter(e) : false;
+	put_buf(e, f->buf); /* an unpooled buffer is freed in the driver */
 	if (f->end && use(e, f->dev) == 0)
 		CU(e, cuEventDestroy)(f->end);
+	gate_leave(e, g);
 	if (f->h2d) {
 		f->h2d->h2d_staged--;
 		e->h2d_staged[f->h2d->dev]--;

@@ -32,8 +32,10 @@ static void wait_done(kvs_cq_item *it)
 {
 	pwait *w = (pwait *)it;
 	kvs_cuda_engine *e = w->e;
+	bool g = w->ev ? gate_enter(e) : false;
 	if (w->ev && use(e, w->dev) == 0)
 		CU(e, cuEventDestroy)(w->ev);
+	gate_leave(e, g);
 	if (w->result == 0) {
 		kvs_cuda_submit(e, w->s, &w->part);
 	} else {

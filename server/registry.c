@@ -604,9 +604,7 @@ static void reg_work(kvs_workq_item *it)
 	const kvs_msg *rq = &p->rq;
 	if (p->delay_ms)
 		usleep(p->delay_ms * 1000u); /* test hook: a slow driver */
-	bool cuda = rq->device.type == KVS_DEV_CUDA;
-	if (cuda)
-		kvs_cuda_pin_hold(R->cuda, true); /* the pinning waits while we are in the driver */
+	bool cuda = rq->device.type == KVS_DEV_CUDA; /* op_register took a pin hold: released below */
 	uint32_t n = rq->n_allocs, i;
 	for (i = 0; i < n && !p->result; i++) {
 		const kvs_alloc_desc *a = &rq->allocs[i];
@@ -822,13 +820,19 @@ static int op_register(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
 	for (i = 0; i < n; i++) {
 		const kvs_alloc_desc *a = &rq->allocs[i];
 		kvs_import_req ir = {.dev_type = rq->device.type, .uuid = rq->device.uuid, .alloc_id = a->alloc_id,
-				     .size = a->size, .fd = -1};
+				     .size = a->size, .fd = -1, .ipc_handle = a->ipc_handle.len ? a->ipc_handle.ptr : NULL,
+				     .ipc_len = a->ipc_handle.len}; /* the kind (fd or legacy IPC) picks the operations */
 		char why[300];
 		if ((r = kvs_import_reserve(R->imports, &ir, &p->imps[i], &p->fresh[i], why, sizeof(why))) != 0) {
 			r = kvs__fail(srv, r, "allocations[%u]: %s", i, why);
 			goto err;
 		}
 	}
+	/* from now until its work is done the background pinning starts no new
+	 * slice: registers arriving together share one wait for the slices in
+	 * progress, rather than each its own (reg_work releases the hold) */
+	if (rq->device.type == KVS_DEV_CUDA)
+		kvs_cuda_pin_hold(R->cuda, true);
 	/* CUDA registers go to the setup thread; host ones make no driver call
 	 * and complete here (unless the test hook defers them too) */
 	if (R->q && (rq->device.type == KVS_DEV_CUDA || R->test_delay_ms)) {
