@@ -89,6 +89,8 @@ void kvs_cuda_pin_hold(kvs_cuda_engine *e, bool hold)
 		atomic_fetch_add(&e->pin_hold, hold ? 1 : -1);
 }
 
+bool kvs_cuda_pin_held(kvs_cuda_engine *e) { return e && atomic_load(&e->pin_hold) > 0; }
+
 bool cuda_part_pinned(kvs_cuda_engine *e, const kvs_copy_part *part, bool want)
 {
 	if (atomic_load(&e->pin_left) == 0)

@@ -73,6 +73,10 @@ void kvs_cuda_stream_destroy(kvs_cuda_engine *e, kvs_cuda_stream *s);
  * so that the setup thread's driver calls wait for at most the slices in
  * progress. Accepts NULL. */
 void kvs_cuda_pin_hold(kvs_cuda_engine *e, bool hold);
+/* Whether a hold is in force (the L1 prefault thread pauses too: its page
+ * population holds the process's mmap lock, which the driver's mapping calls
+ * wait for). False for NULL. */
+bool kvs_cuda_pin_held(kvs_cuda_engine *e);
 
 /* Queues n copy tasks (one job part) and one completion, after the producer
  * event if given (a CUipcEventHandle). Parts whose L1 side is long

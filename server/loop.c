@@ -92,6 +92,10 @@ static void *prefault_main(void *arg)
 	uint8_t *base = kvs_l1_arena(srv->l1, &size);
 	const uint64_t slice = 64ull << 20;
 	for (uint64_t off = 0; off < size && !atomic_load(&srv->prefault_stop); off += slice) {
+		/* a register in the CUDA driver goes first (issue 18): populating
+		 * holds the mmap lock its mapping calls need */
+		while (kvs_cuda_pin_held(srv->cuda) && !atomic_load(&srv->prefault_stop))
+			usleep(200);
 		uint64_t n = size - off < slice ? size - off : slice;
 		if (madvise(base + off, n, MADV_POPULATE_WRITE) != 0)
 			break; /* kernel without it: pages fault in on first use */

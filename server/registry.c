@@ -15,6 +15,7 @@
 #define KVS_LOG_COMPONENT "registry"
 #include "kvs_l2.h"
 #include "kvs_log.h"
+#include "kvs_time.h"
 #include "keys.h"
 #include "reply.h"
 #include "copy_cuda.h"
@@ -600,6 +601,7 @@ static void pend_free(reg_pend *p)
 static void reg_work(kvs_workq_item *it)
 {
 	reg_pend *p = (reg_pend *)it;
+	uint64_t t0 = kvs_now_ms();
 	kvs_registry *R = p->srv->reg;
 	const kvs_msg *rq = &p->rq;
 	if (p->delay_ms)
@@ -637,6 +639,10 @@ static void reg_work(kvs_workq_item *it)
 	}
 	if (cuda)
 		kvs_cuda_pin_hold(R->cuda, false);
+	uint64_t ms = kvs_now_ms() - t0;
+	if (ms > 100 + p->delay_ms) /* an operator should see the driver being slow */
+		kvs_warn("register of session %016llx: %llu ms on the setup thread", (unsigned long long)p->session,
+			 (unsigned long long)ms);
 }
 
 /* The loop: builds and installs the registration (or releases what the

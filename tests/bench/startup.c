@@ -215,16 +215,18 @@ static int startup_one(const kvb_opts *o, uint64_t gib, bool check)
 		reg_max = d > reg_max ? d : reg_max;
 		min_jobs = outs[r].n_jobs < min_jobs ? outs[r].n_jobs : min_jobs;
 	}
-	/* job j of every rank is one job: its time is the slowest rank's */
+	/* job j of every rank is one job: it can commit only once the last rank
+	 * sent its part, so its time runs from there to the last rank's
+	 * job_done (the ranks' register skew is not the job's) */
 	static double lat[SU_JOBS], srt[SU_JOBS], t_end[SU_JOBS];
 	for (uint32_t j = 0; j < min_jobs; j++) {
-		lat[j] = 0;
+		double start = 0;
 		t_end[j] = 0;
 		for (uint32_t r = 0; r < n; r++) {
-			double d = outs[r].j1[j] - outs[r].j0[j];
-			lat[j] = d > lat[j] ? d : lat[j];
+			start = outs[r].j0[j] > start ? outs[r].j0[j] : start;
 			t_end[j] = outs[r].j1[j] - t0 > t_end[j] ? outs[r].j1[j] - t0 : t_end[j];
 		}
+		lat[j] = t_end[j] + t0 - start;
 	}
 	double later_med = 0, steady = 0, t_fast = -1;
 	if (min_jobs >= 4) {
