@@ -2,8 +2,10 @@
  * (device type, device uuid, allocation id) and shared between
  * registrations by alias references, the way UCX's registration cache keys
  * regions. Each memory kind has its own operations: host memfd (sealed,
- * mmap'd), CUDA cuMem POSIX fd, legacy CUDA IPC handle. Main-loop thread
- * only. */
+ * mmap'd), CUDA cuMem POSIX fd, legacy CUDA IPC handle. The table is the
+ * main loop's; kvs_import_complete (opening an import, checking an alias)
+ * runs on the registry's setup thread for deferred registers, touching only
+ * the import it is given (see the invariant at kvs_import). */
 #ifndef KVS_IMPORT_H
 #define KVS_IMPORT_H
 

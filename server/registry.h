@@ -1,7 +1,9 @@
 /* The registry: registrations (groups, layer views over imports, leases),
  * the session -> registration index, and each namespace's geometry. Imports
  * are import.c's; every layer view is validated against its allocation.
- * Main-loop thread only. */
+ * Main-loop thread, except a register's work (imports opened, ranges mapped,
+ * CUDA streams made), which runs on the setup thread for CUDA registers and
+ * touches only what that register reserved. */
 #ifndef KVS_REGISTRY_H
 #define KVS_REGISTRY_H
 
