@@ -155,9 +155,9 @@ static int put_object(kvs_l2 *l2, MDB_txn *txn, const l2_item *it)
 	int rc = mdb_put(txn, l2->obj, &k, &v, MDB_RESERVE);
 	if (rc)
 		return rc;
-	l2_hdr h = {.magic = {'K', 'V', 'L', '2'}, .version = FORMAT_VERSION, .geom = it->geom,
-		    .len = it->len, .key = it->key};
-	uint64_t seed = kvs__l2_hdr_seed(&h, &it->key);
+	l2_hdr h;
+	kvs_record_init(&h, &it->key, it->geom, it->len);
+	uint64_t seed = kvs_record_seed(&h, &it->key);
 	/* copy in slices and hash what was just copied, while it is in cache */
 	uint8_t *dst = (uint8_t *)v.mv_data + HDR_BYTES;
 	const uint8_t *src = it->src;
@@ -168,7 +168,7 @@ static int put_object(kvs_l2 *l2, MDB_txn *txn, const l2_item *it)
 		 * write path avoids a page fault (read of a hole + mkwrite) per
 		 * 4 KiB page, 2x faster here. The commit's msync flushes them
 		 * before the meta page, as with memcpy. */
-		h.checksum = XXH3_64bits_withSeed(src, it->len, seed);
+		h.checksum = kvs_record_sum(seed, src, it->len);
 		off_t foff = (off_t)(dst - l2->map_base);
 		for (uint64_t done = 0; done < it->len;) {
 			ssize_t w = pwrite(l2->fd, src + done, it->len - done, foff + (off_t)done);
@@ -519,7 +519,7 @@ static int read_one(kvs_l2 *l2, MDB_txn *txn, l2_item *it)
 	XXH3_state_t *xs = XXH3_createState();
 	if (!xs)
 		return KVS_E_INTERNAL;
-	XXH3_64bits_reset_withSeed(xs, kvs__l2_hdr_seed(&h, &it->key));
+	XXH3_64bits_reset_withSeed(xs, kvs_record_seed(&h, &it->key));
 	for (uint64_t off = 0; off < h.len;) {
 		uint64_t n = h.len - off < (256u << 10) ? h.len - off : (256u << 10);
 		memcpy(dst + off, src + off, n);

@@ -17,33 +17,10 @@ uint64_t kvs__l2_value_fp(const MDB_val *v)
 	return XXH3_64bits(v->mv_data, v->mv_size < HDR_BYTES ? v->mv_size : HDR_BYTES) ^ v->mv_size;
 }
 
-/* The checksum's seed: XXH3-64 of the header with the checksum field 0 and
- * the key the object is written or read under — so the checksum binds the
- * data to that key too, beside the header's key field. */
-uint64_t kvs__l2_hdr_seed(const l2_hdr *h, const kvs_objkey *key)
-{
-	l2_hdr z = *h;
-	z.checksum = 0;
-	z.key = *key;
-	return XXH3_64bits(&z, sizeof(z));
-}
-
-/* Classifies a record found under key: HDR_BAD (too short, another magic or
- * format version, length field not the value's: unusable by anyone),
- * HDR_KEY (written under another key), HDR_GEOM (another geometry), or
- * HDR_OK with *h filled. */
+/* Classifies a record found under key (kvs_record_check). */
 int kvs__l2_check_hdr(const MDB_val *v, const kvs_objkey *key, uint64_t geom, l2_hdr *h)
 {
-	if (v->mv_size < HDR_BYTES)
-		return HDR_BAD;
-	memcpy(h, v->mv_data, HDR_BYTES);
-	if (memcmp(h->magic, "KVL2", 4) != 0 || h->version != FORMAT_VERSION || h->len != v->mv_size - HDR_BYTES)
-		return HDR_BAD;
-	if (memcmp(&h->key, key, sizeof(*key)) != 0)
-		return HDR_KEY;
-	if (h->geom != geom)
-		return HDR_GEOM;
-	return HDR_OK;
+	return kvs_record_check(v->mv_data, v->mv_size, key, geom, h);
 }
 
 /* A reader found the record under key unusable: count it, queue its

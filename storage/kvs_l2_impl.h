@@ -17,12 +17,11 @@
 #include "kvs_cq.h"
 #include "kvs_l2.h"
 #include "kvs_log.h"
+#include "kvs_record.h"
 
-#define HDR_BYTES 96
-/* 2: the header holds the full object key and the checksum is seeded with
- * the header's hash (1: namespace digest only, data-only checksum). Records
- * of another version are misses and are deleted when found. */
-#define FORMAT_VERSION 2
+/* records: storage/kvs_record.h (the format shared with L3) */
+#define HDR_BYTES KVS_RECORD_HDR_BYTES
+#define FORMAT_VERSION KVS_RECORD_VERSION
 #define MAX_TOUCHES 65536
 #define HIGH_PCT 85
 #define LOW_PCT 70
@@ -33,19 +32,8 @@
 #define PAGES_HIGH_PCT 95
 #define PAGES_LOW_PCT 80
 #define RESERVE_PCT 6
-/* On-disk object header (little-endian host order; the format version
- * guards layout changes). */
-typedef struct l2_hdr {
-	char magic[4];     /* "KVL2" */
-	uint16_t version;  /* FORMAT_VERSION */
-	uint16_t flags;
-	uint64_t geom;     /* geometry fingerprint of the group's layout */
-	uint64_t len;      /* data bytes following the header */
-	uint64_t checksum; /* XXH3-64 of the data, seeded with XXH3-64 of this header (checksum 0) */
-	kvs_objkey key;    /* the key the record was written under */
-} l2_hdr;
-_Static_assert(sizeof(l2_hdr) == HDR_BYTES, "header must stay 96 bytes");
-_Static_assert(offsetof(l2_hdr, key) == 32, "header layout");
+
+typedef kvs_record_hdr l2_hdr;
 
 typedef struct l2_item l2_item; /* kvs_l2.c */
 
@@ -113,9 +101,8 @@ struct kvs_l2 {
 
 /* ---- kvs_l2_db.c: records and the databases (inside a transaction) ---- */
 
-enum { HDR_OK, HDR_BAD, HDR_KEY, HDR_GEOM };
+enum { HDR_OK = KVS_RECORD_OK, HDR_BAD = KVS_RECORD_BAD, HDR_KEY = KVS_RECORD_KEY, HDR_GEOM = KVS_RECORD_GEOM };
 uint64_t kvs__l2_value_fp(const MDB_val *v);
-uint64_t kvs__l2_hdr_seed(const l2_hdr *h, const kvs_objkey *key);
 int kvs__l2_check_hdr(const MDB_val *v, const kvs_objkey *key, uint64_t geom, l2_hdr *h);
 void kvs__l2_drop_found(kvs_l2 *l2, const kvs_objkey *key, const MDB_val *v, int why);
 uint64_t kvs__l2_meta_get(MDB_txn *txn, MDB_dbi dbi, const char *name);
