@@ -18,25 +18,102 @@
 
 #include "copy_cuda_impl.h"
 
+/* Claims slice i for pinning (UNPINNED -> PINNING). */
+static bool slice_claim(kvs_cuda_engine *e, uint32_t i)
+{
+	uint8_t exp = SLICE_UNPINNED;
+	return atomic_compare_exchange_strong(&e->slice[i], &exp, SLICE_PINNING);
+}
+
+/* The next slice to pin: a wanted one first (a part waits for it), else
+ * the next in address order (the L1 allocator hands out low addresses
+ * first). -1 when none is left. */
+static int64_t slice_next(kvs_cuda_engine *e)
+{
+	if (atomic_exchange(&e->n_want, 0) > 0) {
+		for (uint32_t i = 0; i < e->n_slices; i++)
+			if (atomic_load(&e->want[i]) && slice_claim(e, i)) {
+				atomic_fetch_add(&e->n_want, 1); /* look again next time: there may be more */
+				return i;
+			}
+	}
+	uint32_t i;
+	while ((i = atomic_fetch_add(&e->cursor, 1)) < e->n_slices)
+		if (slice_claim(e, i))
+			return i;
+	return -1;
+}
+
 static void *pin_main(void *arg)
 {
 	kvs_cuda_engine *e = arg;
 	CU(e, cuCtxSetCurrent)(e->ctx[0]);
-	for (uint32_t i = 0; i < e->n_slices && !atomic_load(&e->stop); i++) {
-		uint8_t *p = e->arena + (uint64_t)i * SLICE;
-		uint64_t n = e->arena_size - (uint64_t)i * SLICE < SLICE ? e->arena_size - (uint64_t)i * SLICE : SLICE;
-		CUresult r = CU(e, cuMemHostRegister)(p, n, CU_MEMHOSTREGISTER_DEVICEMAP | CU_MEMHOSTREGISTER_PORTABLE);
-		if (r != CUDA_SUCCESS) {
-			kvs_warn("pinning L1 slice %u failed: %s (copies there use cuMemcpyAsync)", i, kvs_cuda_strerror(r));
+	while (!atomic_load(&e->stop)) {
+		/* a register's driver calls go first; a part waiting for a slice
+		 * goes before both */
+		bool copying = atomic_load(&e->parts_inflight) > 0 ||
+			       kvs_now_ns() - atomic_load(&e->copy_active_ns) < PIN_QUIET_NS;
+		if ((atomic_load(&e->pin_hold) > 0 || copying) && atomic_load(&e->n_want) == 0) {
+			usleep(200);
 			continue;
 		}
+		int64_t i = slice_next(e);
+		if (i < 0)
+			break;
+		uint8_t *p = e->arena + (uint64_t)i * SLICE;
+		uint64_t off = (uint64_t)i * SLICE;
+		uint64_t n = e->arena_size - off < SLICE ? e->arena_size - off : SLICE;
+		pthread_rwlock_rdlock(&e->gate);
+		CUresult r = CU(e, cuMemHostRegister)(p, n, CU_MEMHOSTREGISTER_DEVICEMAP | CU_MEMHOSTREGISTER_PORTABLE);
 		CUdeviceptr dp = 0;
-		if (CU(e, cuMemHostGetDevicePointer)(&dp, p, 0) == CUDA_SUCCESS && dp == (CUdeviceptr)(uintptr_t)p) {
-			atomic_store(&e->ready[i], true);
+		uint8_t st = SLICE_FAILED;
+		if (r != CUDA_SUCCESS) {
+			kvs_warn("pinning L1 slice %lld failed: %s (copies there use cuMemcpyAsync)", (long long)i,
+				 kvs_cuda_strerror(r));
+		} else if (CU(e, cuMemHostGetDevicePointer)(&dp, p, 0) == CUDA_SUCCESS && dp == (CUdeviceptr)(uintptr_t)p) {
+			st = SLICE_READY;
 			atomic_fetch_add(&e->pinned, n);
+		} else {
+			CU(e, cuMemHostUnregister)(p); /* not usable at its host address */
 		}
+		pthread_rwlock_unlock(&e->gate);
+		atomic_store(&e->slice[i], st);
+		atomic_fetch_sub(&e->pin_left, 1);
 	}
 	return NULL;
+}
+
+void kvs_cuda_pin_hold(kvs_cuda_engine *e, bool hold)
+{
+	if (e)
+		atomic_fetch_add(&e->pin_hold, hold ? 1 : -1);
+}
+
+bool kvs_cuda_pin_held(kvs_cuda_engine *e) { return e && atomic_load(&e->pin_hold) > 0; }
+
+bool cuda_part_pinned(kvs_cuda_engine *e, const kvs_copy_part *part, bool want)
+{
+	if (atomic_load(&e->pin_left) == 0)
+		return true;
+	uintptr_t a = (uintptr_t)e->arena;
+	bool all = true;
+	for (uint32_t t = 0; t < part->n_tasks; t++) {
+		const kvs_copy_task *k = part->tasks[t];
+		uintptr_t p = (uintptr_t)k->l1;
+		if (!k->l1 || !k->l1_len || p < a || p + k->l1_len > a + e->arena_size)
+			continue;
+		for (uint64_t i = (p - a) / SLICE; i <= (p + k->l1_len - 1 - a) / SLICE; i++) {
+			uint8_t st = atomic_load(&e->slice[i]);
+			if (st == SLICE_READY || st == SLICE_FAILED)
+				continue;
+			all = false;
+			if (!want)
+				return false;
+			if (st == SLICE_UNPINNED && !atomic_exchange(&e->want[i], true))
+				atomic_fetch_add(&e->n_want, 1);
+		}
+	}
+	return all;
 }
 
 static void engine_submit(kvs_copy_engine *ce, void *stream, const kvs_copy_part *part)
@@ -63,6 +140,11 @@ int kvs_cuda_engine_create(kvs_cq *cq, void *arena, uint64_t arena_size, const k
 	e->arena = arena;
 	e->arena_size = arena_size;
 	pthread_mutex_init(&e->mu, NULL);
+	pthread_rwlockattr_t ga;
+	pthread_rwlockattr_init(&ga);
+	pthread_rwlockattr_setkind_np(&ga, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+	pthread_rwlock_init(&e->gate, &ga);
+	pthread_rwlockattr_destroy(&ga);
 	cuda_wait_init(e);
 	e->n_dev = cu->n_devices < MAX_DEV ? cu->n_devices : MAX_DEV;
 	e->have_kernel = kvs_ptx[0] != '\0';
@@ -94,19 +176,54 @@ int kvs_cuda_engine_create(kvs_cq *cq, void *arena, uint64_t arena_size, const k
 				kvs_warn("device %d: copy kernel unavailable (%s): using cuMemcpyAsync", d,
 					 kvs_cuda_strerror(r));
 				e->have_kernel = false;
+			} else {
+				/* one empty launch now: with lazy module loading the
+				 * first launch loads the kernel, which the first copy
+				 * would otherwise pay, behind the pinning */
+				void *nul = NULL;
+				unsigned zero = 0;
+				void *args[] = {&nul, &zero};
+				if (cu->cuLaunchKernel(e->fn[d], 1, 1, 1, THREADS, 1, 1, 0, 0, args, NULL) == CUDA_SUCCESS)
+					cu->cuCtxSynchronize();
 			}
 		}
 	}
 	e->n_slices = (uint32_t)((arena_size + SLICE - 1) / SLICE);
-	e->ready = calloc(e->n_slices ? e->n_slices : 1, sizeof(*e->ready));
-	if (!e->ready) {
+	e->slice = calloc(e->n_slices ? e->n_slices : 1, sizeof(*e->slice));
+	e->want = calloc(e->n_slices ? e->n_slices : 1, sizeof(*e->want));
+	if (!e->slice || !e->want) {
 		kvs_cuda_engine_destroy(e);
 		return -ENOMEM;
 	}
-	if (pthread_create(&e->pin_thr, NULL, pin_main, e) == 0)
-		e->pin_started = true;
-	kvs_info("CUDA engine: %d device(s), driver %d, copies by %s; pinning %llu MiB of L1 in the background",
-		 e->n_dev, cu->driver_version, kvs_cuda_engine_mode(e), (unsigned long long)(arena_size >> 20));
+	atomic_store(&e->pin_left, e->n_slices);
+	/* the descriptor buffers the first parts need, before pinning holds the
+	 * driver (cuMemAllocHost on the loop would wait for it) */
+	if (e->n_dev && use(e, 0) == 0)
+		for (int i = 0; i < DESC_PREALLOC; i++) {
+			desc_buf *b = calloc(1, sizeof(*b));
+			if (!b || CU(e, cuMemAllocHost)((void **)&b->segs, DESC_BUF) != CUDA_SUCCESS) {
+				free(b);
+				break;
+			}
+			b->cap = (uint32_t)(DESC_BUF / sizeof(seg));
+			b->pooled = true;
+			b->next = e->pool;
+			e->pool = b;
+		}
+	const char *pt = getenv("KVS_CUDA_PIN_THREADS");
+	int n_pin = pt ? atoi(pt) : 4;
+	n_pin = n_pin < 1 ? 1 : n_pin > PIN_THREADS_MAX ? PIN_THREADS_MAX : n_pin;
+	for (int i = 0; i < n_pin && e->n_slices; i++)
+		if (pthread_create(&e->pin_thr[e->n_pin_thr], NULL, pin_main, e) == 0)
+			e->n_pin_thr++;
+	if (!e->n_pin_thr) { /* nobody pins: every copy goes by cuMemcpyAsync, none waits */
+		for (uint32_t i = 0; i < e->n_slices; i++)
+			atomic_store(&e->slice[i], SLICE_FAILED);
+		atomic_store(&e->pin_left, 0);
+	}
+	kvs_info("CUDA engine: %d device(s), driver %d, copies by %s; pinning %llu MiB of L1 in the background "
+		 "(%d threads, %llu MiB slices)", e->n_dev, cu->driver_version, kvs_cuda_engine_mode(e),
+		 (unsigned long long)(arena_size >> 20), e->n_pin_thr, SLICE >> 20);
 	*ret = e;
 	return 0;
 }
@@ -116,8 +233,8 @@ void kvs_cuda_engine_destroy(kvs_cuda_engine *e)
 	if (!e)
 		return;
 	atomic_store(&e->stop, true);
-	if (e->pin_started)
-		pthread_join(e->pin_thr, NULL);
+	for (int i = 0; i < e->n_pin_thr; i++)
+		pthread_join(e->pin_thr[i], NULL);
 	cuda_wait_fini(e); /* no part waits any more: jobs were finalised before */
 	if (e->n_dev)
 		use(e, 0);
@@ -127,8 +244,8 @@ void kvs_cuda_engine_destroy(kvs_cuda_engine *e)
 		for (uint32_t i = 0; i < e->n_spare_stage[d]; i++)
 			CU(e, cuMemFree)(e->spare_stage[d][i]);
 	}
-	for (uint32_t i = 0; e->ready && i < e->n_slices; i++)
-		if (atomic_load(&e->ready[i]))
+	for (uint32_t i = 0; e->slice && i < e->n_slices; i++)
+		if (atomic_load(&e->slice[i]) == SLICE_READY)
 			CU(e, cuMemHostUnregister)(e->arena + (uint64_t)i * SLICE);
 	while (e->pool) {
 		desc_buf *b = e->pool;
@@ -143,7 +260,9 @@ void kvs_cuda_engine_destroy(kvs_cuda_engine *e)
 		}
 		CU(e, cuDevicePrimaryCtxRelease)(e->dev[d]);
 	}
-	free(e->ready);
+	free(e->slice);
+	free(e->want);
+	pthread_rwlock_destroy(&e->gate);
 	pthread_mutex_destroy(&e->mu);
 	free(e);
 }
@@ -157,6 +276,47 @@ const char *kvs_cuda_engine_mode(const kvs_cuda_engine *e)
 }
 
 int kvs_cuda_engine_devices(const kvs_cuda_engine *e) { return e->n_dev; }
+
+/* Makes s's staging memory, DMA stream and events (setup thread, at
+ * register). False when staging is off or unavailable: the registration's
+ * parts then go direct. */
+static bool stage_make(kvs_cuda_engine *e, kvs_cuda_stream *s)
+{
+	if (!e->stage_bytes || !e->have_kernel)
+		return false;
+	CUresult r = CU(e, cuStreamCreate)(&s->dma, CU_STREAM_NON_BLOCKING);
+	for (int i = 0; i < STAGE_SLOTS && r == CUDA_SUCCESS; i++)
+		if ((r = CU(e, cuEventCreate)(&s->full[i], CU_EVENT_DISABLE_TIMING)) == CUDA_SUCCESS)
+			r = CU(e, cuEventCreate)(&s->free_[i], CU_EVENT_DISABLE_TIMING);
+	if (r == CUDA_SUCCESS)
+		r = CU(e, cuEventCreate)(&s->last, CU_EVENT_DISABLE_TIMING);
+	s->slot_bytes = e->stage_bytes / STAGE_SLOTS / 4096 * 4096;
+	CUdeviceptr spare = 0;
+	if (r == CUDA_SUCCESS) {
+		pthread_mutex_lock(&e->mu);
+		if (e->n_spare_stage[s->dev]) {
+			spare = e->spare_stage[s->dev][--e->n_spare_stage[s->dev]];
+			e->st.staging_spare_bytes -= s->slot_bytes * STAGE_SLOTS;
+		}
+		pthread_mutex_unlock(&e->mu);
+	}
+	if (spare)
+		s->stage = spare;
+	else if (r == CUDA_SUCCESS)
+		r = CU(e, cuMemAlloc)(&s->stage, s->slot_bytes * STAGE_SLOTS);
+	if (r != CUDA_SUCCESS) {
+		s->stage = 0;
+		s->stage_off = true; /* the events and stream go with the stream */
+		kvs_warn("no %llu MiB of staging memory on device %d (%s): this registration's copies use the kernel",
+			 (unsigned long long)(e->stage_bytes >> 20), s->dev, kvs_cuda_strerror(r));
+		return false;
+	}
+	pthread_mutex_lock(&e->mu);
+	e->st.staging_bytes += s->slot_bytes * STAGE_SLOTS;
+	pthread_mutex_unlock(&e->mu);
+	s->last_read_only = false; /* `last` not recorded yet: waiting on it is a no-op */
+	return true;
+}
 
 int kvs_cuda_stream_create(kvs_cuda_engine *e, int device, kvs_cuda_stream **ret)
 {
@@ -173,6 +333,9 @@ int kvs_cuda_stream_create(kvs_cuda_engine *e, int device, kvs_cuda_stream **ret
 	 * registration's next part */
 	if (CU(e, cuStreamCreate)(&s->cb, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS)
 		s->cb = 0;
+	/* staging now, at register: made lazily by the first staged part it
+	 * cost that part up to 1.7 s behind the pinning at start-up (issue 18) */
+	stage_make(e, s);
 	*ret = s;
 	return 0;
 }
@@ -210,54 +373,27 @@ void kvs_cuda_stream_destroy(kvs_cuda_engine *e, kvs_cuda_stream *s)
 	if (s->last)
 		CU(e, cuEventDestroy)(s->last);
 	if (s->stage) {
+		bool kept = false;
+		pthread_mutex_lock(&e->mu);
 		e->st.staging_bytes -= s->slot_bytes * STAGE_SLOTS;
 		if (e->n_spare_stage[s->dev] < 4 && s->slot_bytes == e->stage_bytes / STAGE_SLOTS / 4096 * 4096) {
 			e->spare_stage[s->dev][e->n_spare_stage[s->dev]++] = s->stage; /* kept for the next */
 			e->st.staging_spare_bytes += s->slot_bytes * STAGE_SLOTS;
-		} else {
-			CU(e, cuMemFree)(s->stage);
+			kept = true;
 		}
+		pthread_mutex_unlock(&e->mu);
+		if (!kept)
+			CU(e, cuMemFree)(s->stage);
 	}
 	free(s);
 }
 
-/* Allocates s's staging memory, second stream and events (once). */
+/* Whether s can stage: its staging memory was made at register. No driver
+ * call: the loop never allocates. */
 static bool stage_ready(kvs_cuda_engine *e, kvs_cuda_stream *s)
 {
-	if (s->stage)
-		return true;
-	if (s->stage_off || !e->stage_bytes)
-		return false;
-	CUresult r = CU(e, cuStreamCreate)(&s->dma, CU_STREAM_NON_BLOCKING);
-	for (int i = 0; i < STAGE_SLOTS && r == CUDA_SUCCESS; i++)
-		if ((r = CU(e, cuEventCreate)(&s->full[i], CU_EVENT_DISABLE_TIMING)) == CUDA_SUCCESS)
-			r = CU(e, cuEventCreate)(&s->free_[i], CU_EVENT_DISABLE_TIMING);
-	if (r == CUDA_SUCCESS)
-		r = CU(e, cuEventCreate)(&s->last, CU_EVENT_DISABLE_TIMING);
-	s->slot_bytes = e->stage_bytes / STAGE_SLOTS / 4096 * 4096;
-	bool reused = false;
-	if (r == CUDA_SUCCESS && e->n_spare_stage[s->dev]) {
-		s->stage = e->spare_stage[s->dev][--e->n_spare_stage[s->dev]];
-		e->st.staging_spare_bytes -= s->slot_bytes * STAGE_SLOTS;
-		reused = true;
-	} else if (r == CUDA_SUCCESS) {
-		r = CU(e, cuMemAlloc)(&s->stage, s->slot_bytes * STAGE_SLOTS);
-	}
-	if (r != CUDA_SUCCESS) {
-		s->stage = 0;
-		s->stage_off = true; /* the events and stream go with the stream */
-		kvs_warn("no %llu MiB of staging memory on device %d (%s): this registration's copies use the kernel",
-			 (unsigned long long)(e->stage_bytes >> 20), s->dev, kvs_cuda_strerror(r));
-		return false;
-	}
-	(void)reused;
-	e->st.staging_bytes += s->slot_bytes * STAGE_SLOTS;
-	/* work queued on s->s before staging existed: later submissions order
-	 * themselves after it through `last` */
-	if (CU(e, cuEventRecord)(s->last, s->s) != CUDA_SUCCESS)
-		CU(e, cuStreamSynchronize)(s->s);
-	s->last_read_only = false;
-	return true;
+	(void)e;
+	return s->stage != 0;
 }
 
 static void inflight_done(kvs_cq_item *it);
@@ -277,7 +413,7 @@ static bool zero_copy_ok(kvs_cuda_engine *e, uintptr_t p, uint64_t len)
 	if (p < a || p + len > a + e->arena_size)
 		return true; /* device memory */
 	for (uint64_t s = (p - a) / SLICE; s <= (p + len - 1 - a) / SLICE; s++)
-		if (!atomic_load(&e->ready[s]))
+		if (atomic_load(&e->slice[s]) != SLICE_READY)
 			return false;
 	return true;
 }
@@ -590,10 +726,25 @@ static bool producer_pending(kvs_cuda_engine *e, kvs_cuda_stream *s, const kvs_c
 
 int kvs_cuda_stream_device(const kvs_cuda_stream *s) { return s->dev; }
 
+static void submit_part(kvs_cuda_engine *e, kvs_cuda_stream *s, const kvs_copy_part *part);
+
 void kvs_cuda_submit(kvs_cuda_engine *e, kvs_cuda_stream *s, const kvs_copy_part *part)
+{
+	bool g = gate_enter(e);
+	submit_part(e, s, part);
+	gate_leave(e, g);
+}
+
+static void submit_part(kvs_cuda_engine *e, kvs_cuda_stream *s, const kvs_copy_part *part)
 {
 	if (producer_pending(e, s, part))
 		return;
+	/* L1 not pinned yet under this part: it waits for those slices (pinned
+	 * first) rather than going as pageable copies */
+	if (!cuda_part_pinned(e, part, true)) {
+		cuda_wait_pinned(e, s, part);
+		return;
+	}
 	kvs_copy_task **tasks = part->tasks;
 	uint32_t nt = part->n_tasks;
 	inflight *f = calloc(1, sizeof(*f));
@@ -662,6 +813,9 @@ void kvs_cuda_submit(kvs_cuda_engine *e, kvs_cuda_stream *s, const kvs_copy_part
 	}
 	if ((r = CU(e, cuLaunchHostFunc)(done_on, host_done, f)) != CUDA_SUCCESS)
 		goto fail;
+	f->counted = true;
+	atomic_fetch_add(&e->parts_inflight, 1);
+	atomic_store(&e->copy_active_ns, kvs_now_ns());
 	if (s->stage && (r = CU(e, cuEventRecord)(s->last, final)) != CUDA_SUCCESS) {
 		/* the copy itself is queued; without a fresh `last` the next part
 		 * could overlap it, so wait for it here instead */
@@ -693,13 +847,19 @@ static void inflight_done(kvs_cq_item *it)
 {
 	inflight *f = (inflight *)it; /* cq is the first member */
 	kvs_cuda_engine *e = f->e;
+	if (f->counted) {
+		atomic_fetch_sub(&e->parts_inflight, 1);
+		atomic_store(&e->copy_active_ns, kvs_now_ns());
+	}
 	if (f->t_submit && f->t_done > f->t_submit) {
 		e->st.part_ns += f->t_done - f->t_submit;
 		e->st.parts++;
 	}
-	put_buf(e, f->buf);
+	bool g = f->end || (f->buf && !f->buf->pooled) ? gate_enter(e) : false;
+	put_buf(e, f->buf); /* an unpooled buffer is freed in the driver */
 	if (f->end && use(e, f->dev) == 0)
 		CU(e, cuEventDestroy)(f->end);
+	gate_leave(e, g);
 	if (f->h2d) {
 		f->h2d->h2d_staged--;
 		e->h2d_staged[f->h2d->dev]--;
@@ -712,6 +872,8 @@ static void inflight_done(kvs_cq_item *it)
 
 void kvs_cuda_get_stats(kvs_cuda_engine *e, kvs_cuda_stats *st)
 {
+	pthread_mutex_lock(&e->mu);
 	*st = e->st;
+	pthread_mutex_unlock(&e->mu);
 	st->pinned_bytes = atomic_load(&e->pinned);
 }

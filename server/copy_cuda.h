@@ -1,14 +1,16 @@
 /* The CUDA copy engine: imports of cuMem allocations exported by ranks as
  * POSIX fds, one stream per registration, the gather/scatter kernel between
  * imported device memory and the pinned, device-mapped L1 arena, completions
- * through cuLaunchHostFunc posting to the loop's completion queue. All calls
- * come from the main loop; only the host callbacks run elsewhere (driver
- * thread), and they do nothing but post. Built without CUDA headers,
+ * through cuLaunchHostFunc posting to the loop's completion queue. Copies are
+ * queued from the main loop; imports, maps and streams are made and torn down
+ * on the registry's setup thread; L1 is pinned by the engine's pin threads;
+ * the host callbacks run on the driver's thread and do nothing but post. Built without CUDA headers,
  * copy_cuda_none.c stands in: no engine is ever created. A CUDA failure fails the task (the
  * job part gets E_DEVICE), never the server. */
 #ifndef KVS_COPY_CUDA_H
 #define KVS_COPY_CUDA_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -21,8 +23,9 @@ typedef struct kvs_cuda_span kvs_cuda_span; /* imported allocations mapped back 
 
 /* Creates the engine when a GPU and driver are present (-ENODEV otherwise,
  * with why in err); opts is required. Pins the L1 arena for device access in the background,
- * slice by slice, so start-up stays fast; copies touching a slice not yet
- * pinned fall back to cuMemcpyAsync. */
+ * slice by slice on several threads, so start-up stays fast; a part touching
+ * a slice not yet pinned waits (off the loop) until its slices are, and they
+ * are pinned first. */
 typedef struct kvs_cuda_opts {
 	uint64_t stage_bytes; /* device staging per registration; 0 (or < 16 KiB) = never stage */
 	uint64_t stage_min;   /* mean L1 run from which a part is staged */
@@ -35,7 +38,8 @@ void kvs_cuda_engine_destroy(kvs_cuda_engine *e);
 const char *kvs_cuda_engine_mode(const kvs_cuda_engine *e);
 int kvs_cuda_engine_devices(const kvs_cuda_engine *e);
 
-/* Imports fd (closed by this call in every case) as size bytes on the device
+/* Imports and maps run on the registry's setup thread (never the loop).
+ * Imports fd (closed by this call in every case) as size bytes on the device
  * whose UUID is uuid. 0 and *ret, or KVS_E_DEVICE with the reason in err. */
 int kvs_cuda_import(kvs_cuda_engine *e, const uint8_t uuid[16], int fd, uint64_t size,
 		    kvs_cuda_map **ret, char *err, size_t errlen);
@@ -60,8 +64,19 @@ uint8_t *kvs_cuda_span_base(const kvs_cuda_span *s);
 int kvs_cuda_map_device(const kvs_cuda_map *m);
 
 int kvs_cuda_stream_create(kvs_cuda_engine *e, int device, kvs_cuda_stream **ret);
-/* Synchronizes, then destroys. Accepts NULL. */
+/* Both may take long in the driver: the registry calls them on its setup
+ * thread, never on the loop. create also makes the registration's staging
+ * memory and its events (at register, not at the first staged part), so a
+ * copy makes no allocation in the driver. Destroy accepts NULL. */
 void kvs_cuda_stream_destroy(kvs_cuda_engine *e, kvs_cuda_stream *s);
+/* While held (a count), the background pinning of L1 pauses between slices
+ * so that the setup thread's driver calls wait for at most the slices in
+ * progress. Accepts NULL. */
+void kvs_cuda_pin_hold(kvs_cuda_engine *e, bool hold);
+/* Whether a hold is in force (the L1 prefault thread pauses too: its page
+ * population holds the process's mmap lock, which the driver's mapping calls
+ * wait for). False for NULL. */
+bool kvs_cuda_pin_held(kvs_cuda_engine *e);
 
 /* Queues n copy tasks (one job part) and one completion, after the producer
  * event if given (a CUipcEventHandle). Parts whose L1 side is long

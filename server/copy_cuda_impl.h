@@ -12,7 +12,17 @@
 #include "kvs_cuda.h"
 
 #define MAX_DEV 16
-#define SLICE (1ull << 30)       /* L1 pinning granule */
+/* L1 pinning granule. cuMemHostRegister holds the driver while it pins, so
+ * every other driver call of the process waits for the slices in progress:
+ * 32 MiB keeps that wait to tens of milliseconds (1 GiB slices held a register's
+ * driver calls for seconds at start-up, issue 18). DMA runs never cross a
+ * slice (each slice is its own registration). */
+#define SLICE (32ull << 20)
+#define PIN_THREADS_MAX 16
+#define PIN_QUIET_NS (5ull * 1000 * 1000)
+#define DESC_PREALLOC 8 /* descriptor buffers allocated at create, before pinning starts */
+
+enum { SLICE_UNPINNED = 0, SLICE_PINNING, SLICE_READY, SLICE_FAILED };
 #define PIECE (256u << 10)       /* segments are split into pieces of this size: one CTA each */
 #define DESC_BUF (4u << 20)      /* bytes of one pooled descriptor buffer (174k pieces) */
 #define THREADS 256
@@ -58,6 +68,7 @@ typedef struct inflight {
 	struct kvs_cuda_stream *h2d; /* a staged retrieve's registration (counted in flight), or NULL;
 				      * it outlives the part: the part leases it until reaped */
 	int dev;                   /* whose context owns end */
+	bool counted;              /* in e->parts_inflight */
 	desc_buf *buf;
 	kvs_cuda_engine *e;
 } inflight;
@@ -104,7 +115,29 @@ struct kvs_cuda_engine {
 	uint8_t *arena;
 	uint64_t arena_size;
 	uint32_t n_slices;
-	atomic_bool *ready; /* slice i pinned and device-mapped at its host address */
+	/* Pinning (copy_cuda.c pin_main): slice i goes UNPINNED -> PINNING (one
+	 * pin thread claimed it) -> READY (pinned and device-mapped at its host
+	 * address) or FAILED. Threads take wanted slices first (a part waiting
+	 * for them, copy_cuda_wait.c), then the next by address; they pause while
+	 * pin_hold > 0 (the setup thread is in the driver for a register). */
+	_Atomic uint8_t *slice;
+	atomic_bool *want;
+	atomic_uint n_want;     /* a hint: some want[] may be set */
+	atomic_uint cursor;     /* next slice in address order */
+	atomic_int pin_hold;
+	/* The loop's driver calls against the pinning: measured on an H200, a
+	 * driver call of the loop waited until all of L1 was pinned (3.9 s at
+	 * 32 GiB, 15.8 s at 96 GiB) while pin threads kept the driver busy. Pin
+	 * threads hold gate shared around each cuMemHostRegister; the loop takes
+	 * it exclusive (writers preferred) around its driver calls while
+	 * pinning runs, so it waits for the slices in progress at most. */
+	pthread_rwlock_t gate;
+	/* Copies go before bulk pinning: no new slice in address order while a
+	 * part is in flight or for PIN_QUIET_NS after the last one ended or was
+	 * queued (wanted slices are pinned regardless). */
+	atomic_uint parts_inflight;
+	atomic_uint_fast64_t copy_active_ns;
+	atomic_uint pin_left;   /* slices not yet final */
 	atomic_bool stop;
 	/* parts waiting for their producer event (copy_cuda_wait.c) */
 	pthread_mutex_t wait_mu;
@@ -112,8 +145,8 @@ struct kvs_cuda_engine {
 	struct pwait *waits;  /* guarded by wait_mu */
 	bool wait_stop, wait_quiesce, wait_started;
 	pthread_t wait_thr;
-	pthread_t pin_thr;
-	bool pin_started;
+	pthread_t pin_thr[PIN_THREADS_MAX];
+	int n_pin_thr;
 	desc_buf *pool; /* free pooled descriptor buffers (main loop) */
 	/* staging memory of released registrations, per device, for the next
 	 * ones: cuMemFree synchronizes the whole device, which the loop must
@@ -123,12 +156,29 @@ struct kvs_cuda_engine {
 	uint32_t h2d_staged[MAX_DEV]; /* staged retrieve parts in flight per device */
 	uint64_t dma_min;
 	uint64_t stage_bytes, stage_min; /* per registration; mean host extent */
-	pthread_mutex_t mu;
+	pthread_mutex_t mu; /* spare_stage, n_spare_stage and st's staging gauges: streams are
+			     * made and destroyed on the setup thread, read on the loop */
 	kvs_cuda_stats st;
 	atomic_uint_fast64_t pinned;
 };
 
 #define CU(e, call) ((e)->cu->call)
+
+/* The loop's side of gate: true when taken (pinning still runs); pass the
+ * result to gate_leave. */
+static inline bool gate_enter(kvs_cuda_engine *e)
+{
+	if (atomic_load(&e->pin_left) == 0)
+		return false;
+	pthread_rwlock_wrlock(&e->gate);
+	return true;
+}
+
+static inline void gate_leave(kvs_cuda_engine *e, bool taken)
+{
+	if (taken)
+		pthread_rwlock_unlock(&e->gate);
+}
 
 static inline int use(kvs_cuda_engine *e, int dev)
 {
@@ -141,6 +191,13 @@ static inline int use(kvs_cuda_engine *e, int dev)
  * of holding its job, lease and import forever. Takes the part (tasks and
  * ev); the loop resubmits it without the event once ev fired. */
 void cuda_wait_producer(kvs_cuda_engine *e, kvs_cuda_stream *s, const kvs_copy_part *part, CUevent ev, int result);
+/* A part touching L1 slices not pinned yet waits on the poller too (the
+ * slices are asked for first); resubmitted once every slice it touches is
+ * final. */
+void cuda_wait_pinned(kvs_cuda_engine *e, kvs_cuda_stream *s, const kvs_copy_part *part);
+/* Every L1 slice the part's tasks touch is READY or FAILED; with want set,
+ * the ones that are not are asked for first. */
+bool cuda_part_pinned(kvs_cuda_engine *e, const kvs_copy_part *part, bool want);
 void cuda_wait_init(kvs_cuda_engine *e);
 void cuda_wait_fini(kvs_cuda_engine *e);
 

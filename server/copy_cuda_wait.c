@@ -1,4 +1,5 @@
-/* Parts waiting for their producer event; see copy_cuda_impl.h. One poller
+/* Parts waiting for their producer event, or for the L1 slices they touch
+ * to be pinned; see copy_cuda_impl.h. One poller
  * thread queries every waiting event (cuEventQuery, which never blocks)
  * about every 50 us while any waits, and sleeps on a condition variable
  * otherwise; a fired event, a failed query or a passed deadline posts the
@@ -22,6 +23,7 @@ typedef struct pwait {
 	CUevent ev;
 	int dev;
 	uint64_t deadline_ms;  /* 0: none */
+	bool pins;             /* waits for L1 slices to be pinned, not for ev */
 	int result;            /* 0 fired; KVS_E_TIMEOUT; KVS_E_DEVICE */
 	struct pwait *next;
 } pwait;
@@ -30,13 +32,16 @@ static void wait_done(kvs_cq_item *it)
 {
 	pwait *w = (pwait *)it;
 	kvs_cuda_engine *e = w->e;
+	bool g = w->ev ? gate_enter(e) : false;
 	if (w->ev && use(e, w->dev) == 0)
 		CU(e, cuEventDestroy)(w->ev);
+	gate_leave(e, g);
 	if (w->result == 0) {
 		kvs_cuda_submit(e, w->s, &w->part);
 	} else {
 		if (w->result == KVS_E_TIMEOUT)
-			kvs_warn("a store's producer event did not fire before its deadline: the part fails");
+			kvs_warn(w->pins ? "the L1 slices of a part were not pinned before its deadline: the part fails"
+					 : "a store's producer event did not fire before its deadline: the part fails");
 		e->st.errors++;
 		for (uint32_t i = 0; i < w->part.n_tasks; i++) {
 			w->part.tasks[i]->result = w->result;
@@ -62,6 +67,11 @@ static void *wait_main(void *arg)
 			int res = 1; /* still waiting */
 			if (e->wait_quiesce) {
 				res = KVS_E_TIMEOUT;
+			} else if (w->pins) {
+				if (cuda_part_pinned(e, &w->part, false))
+					res = 0;
+				else if (w->deadline_ms && now >= w->deadline_ms)
+					res = KVS_E_TIMEOUT;
 			} else if (use(e, w->dev) != 0) {
 				res = KVS_E_DEVICE;
 			} else {
@@ -97,7 +107,21 @@ void cuda_wait_init(kvs_cuda_engine *e)
 	pthread_cond_init(&e->wait_cv, NULL);
 }
 
+static void wait_add(kvs_cuda_engine *e, kvs_cuda_stream *s, const kvs_copy_part *part, CUevent ev, int result,
+		     bool pins);
+
 void cuda_wait_producer(kvs_cuda_engine *e, kvs_cuda_stream *s, const kvs_copy_part *part, CUevent ev, int result)
+{
+	wait_add(e, s, part, ev, result, false);
+}
+
+void cuda_wait_pinned(kvs_cuda_engine *e, kvs_cuda_stream *s, const kvs_copy_part *part)
+{
+	wait_add(e, s, part, 0, 0, true);
+}
+
+static void wait_add(kvs_cuda_engine *e, kvs_cuda_stream *s, const kvs_copy_part *part, CUevent ev, int result,
+		     bool pins)
 {
 	pwait *w = calloc(1, sizeof(*w));
 	kvs_copy_task **own = calloc(part->n_tasks ? part->n_tasks : 1, sizeof(*own));
@@ -116,7 +140,7 @@ void cuda_wait_producer(kvs_cuda_engine *e, kvs_cuda_stream *s, const kvs_copy_p
 	}
 	memcpy(own, part->tasks, part->n_tasks * sizeof(*own));
 	*w = (pwait){.cq.done = wait_done, .e = e, .s = s, .part = *part, .ev = ev, .dev = kvs_cuda_stream_device(s),
-		     .deadline_ms = part->deadline_ms, .result = result};
+		     .deadline_ms = part->deadline_ms, .result = result, .pins = pins};
 	w->part.tasks = own;
 	w->part.event = NULL;
 	w->part.event_len = 0;

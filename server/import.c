@@ -14,9 +14,11 @@
 #include "kvs_error.h"
 #include "kvs_htab.h"
 #include "kvs_proto.h"
+#include "kvs_workq.h"
 
 struct kvs_imports {
 	struct kvs_cuda_engine *cuda;
+	struct kvs_workq *q; /* CUDA releases run there; NULL: inline */
 	kvs_htab *table;  /* kvs_import by key */
 	uint64_t aliases; /* sum of (refs - 1) over imports */
 };
@@ -132,8 +134,32 @@ static int cuda_same(const kvs_import *imp, const kvs_import_req *rq, char *err,
 	return 0; /* the driver names the memory by (device, alloc_id) alone */
 }
 
-/* sync -> unmap -> free VA -> release */
-static void cuda_close(kvs_imports *t, kvs_import *imp) { kvs_cuda_unimport(t->cuda, imp->cmap); }
+typedef struct unimport_item {
+	kvs_workq_item wi; /* first */
+	struct kvs_cuda_engine *cuda;
+	struct kvs_cuda_map *cmap;
+} unimport_item;
+
+static void unimport_work(kvs_workq_item *it)
+{
+	unimport_item *u = (unimport_item *)it;
+	kvs_cuda_unimport(u->cuda, u->cmap);
+	free(u);
+}
+
+/* unmap -> free VA -> release, on the setup thread when there is one */
+static void cuda_close(kvs_imports *t, kvs_import *imp)
+{
+	unimport_item *u = t->q ? calloc(1, sizeof(*u)) : NULL;
+	if (!u) {
+		kvs_cuda_unimport(t->cuda, imp->cmap);
+		return;
+	}
+	u->wi.work = unimport_work; /* cq.done NULL: frees itself */
+	u->cuda = t->cuda;
+	u->cmap = imp->cmap;
+	kvs_workq_submit(t->q, &u->wi);
+}
 
 static const import_ops cuda_vmm_fd = {cuda_fd_open, cuda_same, cuda_close};
 static const import_ops cuda_legacy_ipc = {cuda_ipc_open, cuda_same, cuda_close};
@@ -155,6 +181,7 @@ int kvs_imports_create(kvs_imports **ret)
 }
 
 void kvs_imports_set_cuda(kvs_imports *t, struct kvs_cuda_engine *e) { t->cuda = e; }
+void kvs_imports_set_workq(kvs_imports *t, struct kvs_workq *q) { t->q = q; }
 
 void kvs_imports_destroy(kvs_imports *t)
 {
@@ -171,27 +198,19 @@ static const import_ops *ops_of(const kvs_import_req *rq)
 	return rq->ipc_handle ? &cuda_legacy_ipc : &cuda_vmm_fd;
 }
 
-int kvs_import_acquire(kvs_imports *t, const kvs_import_req *rq, kvs_import **ret, bool *fresh, char *err,
+int kvs_import_reserve(kvs_imports *t, const kvs_import_req *rq, kvs_import **ret, bool *fresh, char *err,
 		       size_t errlen)
 {
 	uint8_t key[33];
 	key[0] = rq->dev_type;
 	memcpy(key + 1, rq->uuid, 16);
 	memcpy(key + 17, rq->alloc_id, 16);
-	const import_ops *ops = ops_of(rq);
 	kvs_import *imp = kvs_htab_get(t->table, key);
-	int r;
 	if (imp) {
 		if (imp->size != rq->size) {
 			snprintf(err, errlen, "already imported with another size");
-			r = KVS_E_GEOMETRY;
-		} else {
-			r = imp->ops->same(imp, rq, err, errlen);
+			return KVS_E_GEOMETRY;
 		}
-		if (rq->fd >= 0)
-			close(rq->fd);
-		if (r)
-			return r;
 		imp->refs++;
 		t->aliases++;
 		*ret = imp;
@@ -199,15 +218,11 @@ int kvs_import_acquire(kvs_imports *t, const kvs_import_req *rq, kvs_import **re
 		return 0;
 	}
 	if (rq->dev_type == KVS_DEV_CUDA && !t->cuda) {
-		if (rq->fd >= 0)
-			close(rq->fd);
 		snprintf(err, errlen, "no CUDA engine");
 		return KVS_E_DEVICE;
 	}
 	imp = calloc(1, sizeof(*imp));
 	if (!imp) {
-		if (rq->fd >= 0)
-			close(rq->fd);
 		snprintf(err, errlen, "out of memory");
 		return KVS_E_INTERNAL;
 	}
@@ -215,19 +230,55 @@ int kvs_import_acquire(kvs_imports *t, const kvs_import_req *rq, kvs_import **re
 	imp->fd = -1;
 	imp->size = rq->size;
 	imp->refs = 1;
-	imp->ops = ops;
-	if ((r = ops->open(t, rq, imp, err, errlen)) != 0) {
-		free(imp);
-		return r;
-	}
+	imp->ops = ops_of(rq);
+	imp->state = KVS_IMPORT_PENDING;
 	if (kvs_htab_put(t->table, imp) < 0) {
-		ops->close(t, imp);
 		free(imp);
 		snprintf(err, errlen, "out of memory");
 		return KVS_E_INTERNAL;
 	}
 	*ret = imp;
 	*fresh = true;
+	return 0;
+}
+
+int kvs_import_complete(kvs_imports *t, kvs_import *imp, bool fresh, const kvs_import_req *rq, char *err,
+			size_t errlen)
+{
+	int r;
+	if (fresh) {
+		r = imp->ops->open(t, rq, imp, err, errlen); /* consumes the fd */
+		imp->state = r ? KVS_IMPORT_FAILED : KVS_IMPORT_READY;
+		return r;
+	}
+	if (imp->state != KVS_IMPORT_READY) {
+		snprintf(err, errlen, "the import of this alloc_id by another register failed");
+		r = KVS_E_DEVICE;
+	} else {
+		r = imp->ops->same(imp, rq, err, errlen);
+	}
+	if (rq->fd >= 0)
+		close(rq->fd);
+	return r;
+}
+
+int kvs_import_acquire(kvs_imports *t, const kvs_import_req *rq, kvs_import **ret, bool *fresh, char *err,
+		       size_t errlen)
+{
+	kvs_import *imp;
+	bool f;
+	int r = kvs_import_reserve(t, rq, &imp, &f, err, errlen);
+	if (r) {
+		if (rq->fd >= 0)
+			close(rq->fd);
+		return r;
+	}
+	if ((r = kvs_import_complete(t, imp, f, rq, err, errlen)) != 0) {
+		kvs_import_release(t, imp);
+		return r;
+	}
+	*ret = imp;
+	*fresh = f;
 	return 0;
 }
 
@@ -239,7 +290,8 @@ void kvs_import_release(kvs_imports *t, kvs_import *imp)
 	}
 	/* teardown order: no copy runs (leases drained) -> unmap -> close */
 	kvs_htab_del(t->table, imp->key);
-	imp->ops->close(t, imp);
+	if (imp->state == KVS_IMPORT_READY)
+		imp->ops->close(t, imp);
 	free(imp);
 }
 

@@ -2,8 +2,10 @@
  * (device type, device uuid, allocation id) and shared between
  * registrations by alias references, the way UCX's registration cache keys
  * regions. Each memory kind has its own operations: host memfd (sealed,
- * mmap'd), CUDA cuMem POSIX fd, legacy CUDA IPC handle. Main-loop thread
- * only. */
+ * mmap'd), CUDA cuMem POSIX fd, legacy CUDA IPC handle. The table is the
+ * main loop's; kvs_import_complete (opening an import, checking an alias)
+ * runs on the registry's setup thread for deferred registers, touching only
+ * the import it is given (see the invariant at kvs_import). */
 #ifndef KVS_IMPORT_H
 #define KVS_IMPORT_H
 
@@ -15,9 +17,19 @@
 struct kvs_cuda_engine;
 struct kvs_cuda_map;
 
+enum kvs_import_state {
+	KVS_IMPORT_PENDING = 0, /* reserved on the loop; its creator's complete has not run */
+	KVS_IMPORT_READY,       /* mapped */
+	KVS_IMPORT_FAILED,      /* its open failed: aliases reserved meanwhile fail too */
+};
+
 /* One mapped allocation.
- * Invariant: refs == number of live registrations referencing it; the
- * mapping is released exactly when refs drops to 0. */
+ * Invariant: refs == number of registrations (built or pending) referencing
+ * it; the mapping is released exactly when refs drops to 0. state, base,
+ * fd, dev, ino and cmap are written once, by the creator's
+ * kvs_import_complete (the setup thread for deferred registers), before any
+ * alias's complete (FIFO) and before the loop reads them (the completion
+ * queue orders it); everything else is the loop's. */
 typedef struct kvs_import {
 	uint8_t key[33]; /* device type, uuid, alloc_id: the table key */
 	int fd;          /* host: the memfd (kept for ranges mapped later); else -1 */
@@ -30,6 +42,7 @@ typedef struct kvs_import {
 			  * (allow-unsealed-memory); copies of it are guarded */
 	struct kvs_cuda_map *cmap; /* cuda imports only */
 	const struct import_ops *ops;
+	int state;       /* enum kvs_import_state */
 } kvs_import;
 
 /* What one allocation of a `register` asks for. */
@@ -49,6 +62,9 @@ typedef struct kvs_imports kvs_imports;
 int kvs_imports_create(kvs_imports **ret);
 /* The CUDA engine device imports go through (NULL: none). */
 void kvs_imports_set_cuda(kvs_imports *t, struct kvs_cuda_engine *e);
+struct kvs_workq;
+/* Where CUDA mappings are released (NULL: at once, on the calling thread). */
+void kvs_imports_set_workq(kvs_imports *t, struct kvs_workq *q);
 /* Every import must have been released. Accepts NULL. */
 void kvs_imports_destroy(kvs_imports *t);
 
@@ -60,7 +76,21 @@ void kvs_imports_destroy(kvs_imports *t);
  * failure. */
 int kvs_import_acquire(kvs_imports *t, const kvs_import_req *rq, kvs_import **ret, bool *fresh, char *err,
 		       size_t errlen);
-/* Drops one reference; the last one unmaps. No copy may still use it. */
+/* The same in two steps, for a register whose driver work runs on the setup
+ * thread (registry.c). kvs_import_reserve (loop) takes an alias reference
+ * (only the size is checked) or puts a PENDING import in the table; it does
+ * not consume rq->fd. kvs_import_complete (any one thread, after every
+ * earlier reserve's complete) opens a fresh import or checks an alias
+ * (consuming rq->fd in every case); on failure the caller still holds its
+ * reference and drops it with kvs_import_release. Codes as above. */
+int kvs_import_reserve(kvs_imports *t, const kvs_import_req *rq, kvs_import **ret, bool *fresh, char *err,
+		       size_t errlen);
+int kvs_import_complete(kvs_imports *t, kvs_import *imp, bool fresh, const kvs_import_req *rq, char *err,
+			size_t errlen);
+/* Drops one reference; the last one unmaps. No copy may still use it.
+ * A CUDA mapping is released on the setup queue when one is set (its
+ * driver calls never run on the loop); FIFO keeps that release before a
+ * later import of the same memory. */
 void kvs_import_release(kvs_imports *t, kvs_import *imp);
 
 uint64_t kvs_imports_count(const kvs_imports *t);

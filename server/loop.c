@@ -24,6 +24,7 @@
 #include "server.h"
 #include "events.h"
 #include "kvs_cq.h"
+#include "kvs_workq.h"
 #include "access.h"
 #include "admin.h"
 #include "auth.h"
@@ -96,6 +97,10 @@ static void *prefault_main(void *arg)
 	uint8_t *base = kvs_l1_arena(srv->l1, &size);
 	const uint64_t slice = 64ull << 20;
 	for (uint64_t off = 0; off < size && !atomic_load(&srv->prefault_stop); off += slice) {
+		/* a register in the CUDA driver goes first (issue 18): populating
+		 * holds the mmap lock its mapping calls need */
+		while (kvs_cuda_pin_held(srv->cuda) && !atomic_load(&srv->prefault_stop))
+			usleep(200);
 		uint64_t n = size - off < slice ? size - off : slice;
 		if (madvise(base + off, n, MADV_POPULATE_WRITE) != 0)
 			break; /* kernel without it: pages fault in on first use */
@@ -169,6 +174,7 @@ static int l3_open(kvs_server *srv)
 }
 
 static void modules_fini(kvs_server *srv);
+static void replay_held(kvs_server *srv, uint64_t id);
 
 /* Creates the data-path modules in dependency order (L1, registry, CUDA
  * engine, host pool, L2, jobs); unwinds on failure. */
@@ -191,6 +197,11 @@ static int modules_init(kvs_server *srv)
 	}
 	if ((r = kvs_registry_create(&srv->reg)) < 0)
 		goto fail;
+	/* registers' driver work and CUDA teardown, off the loop (issue 18) */
+	if ((r = kvs_workq_create(srv->cq, &srv->setupq)) < 0)
+		goto fail;
+	kvs_registry_set_setupq(srv->reg, srv->setupq);
+	srv->replay = replay_held;
 	uint64_t asz;
 	void *arena = kvs_l1_arena(srv->l1, &asz);
 	char why[160] = "";
@@ -249,6 +260,10 @@ static void modules_fini(kvs_server *srv)
 	if (srv->jobs)
 		kvs_jobs_destroy(srv, srv->jobs); /* waits for running copies and promotions */
 	srv->jobs = NULL;
+	/* registers still on the setup thread: let them finish, then their
+	 * completions find their sessions gone and release what they made */
+	kvs_workq_drain(srv->setupq);
+	kvs_cq_run(srv->cq);
 	kvs_lookup_destroy(srv, srv->lookup); /* unpins: before L1 goes */
 	srv->lookup = NULL;
 	kvs_promote_destroy(srv->promote);
@@ -262,6 +277,8 @@ static void modules_fini(kvs_server *srv)
 	srv->l2 = NULL;
 	kvs_registry_destroy(srv->reg);
 	srv->reg = NULL;
+	kvs_workq_destroy(srv->setupq); /* runs the CUDA releases queued above */
+	srv->setupq = NULL;
 	kvs_cuda_engine_destroy(srv->cuda); /* unpins L1: after every import is gone */
 	srv->cuda = NULL;
 	kvs_l1_destroy(srv->l1);
@@ -305,14 +322,16 @@ static const kvs_op_fn handlers[KVS_OP_COUNT_] = {
 	[KVS_OP_ADMIN] = kvs__op_admin,
 };
 
-static void dispatch(kvs_server *srv, const uint8_t *ident, size_t ident_len, const void *buf,
-		     size_t len)
+/* replay: a request held behind its session's pending register, counted
+ * when it arrived */
+static void dispatch_msg(kvs_server *srv, const uint8_t *ident, size_t ident_len, const void *buf, size_t len,
+			 bool replay)
 {
 	kvs_msg rq;
 	kvs_proto_err perr;
-	srv->st.requests++;
+	srv->st.requests += !replay;
 	int r = kvs_proto_decode(buf, len, false, &rq, &perr);
-	srv->st.requests_by_op[r ? perr.op : rq.op]++;
+	srv->st.requests_by_op[r ? perr.op : rq.op] += !replay;
 	if (r) {
 		kvs__reply_err(srv, ident, ident_len, perr.op, perr.id, r, "%s", perr.msg);
 		return;
@@ -345,6 +364,11 @@ static void dispatch(kvs_server *srv, const uint8_t *ident, size_t ident_len, co
 				s->ident_len = ident_len;
 			}
 		}
+		if (s->id && s->reg_pending && rq.op != KVS_OP_HEARTBEAT) {
+			/* behind the session's register: handled once it is answered */
+			r = kvs__session_hold(srv, s, ident, ident_len, buf, len);
+			goto out;
+		}
 		if (!handlers[rq.op])
 			r = kvs__fail(srv, KVS_E_UNKNOWN_OP, "op '%s' is not served", kvs_op_name(rq.op));
 		else if ((r = kvs__admin_gate(srv, s, &rq)) == 0) /* draining: no new jobs */
@@ -355,6 +379,29 @@ out:
 		kvs__reply_err(srv, ident, ident_len, rq.op, rq.id, r, "%s",
 			       srv->errbuf[0] ? srv->errbuf : kvs_strerror(r));
 	kvs_msg_clear(&rq);
+}
+
+static void dispatch(kvs_server *srv, const uint8_t *ident, size_t ident_len, const void *buf, size_t len)
+{
+	dispatch_msg(srv, ident, ident_len, buf, len, false);
+}
+
+/* Handles the requests held behind a session's register, in order, until
+ * one of them is a register that is pending again or the session ends. */
+static void replay_held(kvs_server *srv, uint64_t id)
+{
+	kvs_session *s;
+	/* looked up again each time: a held bye closes the session */
+	while ((s = kvs__session_get(srv, id)) != NULL && !s->reg_pending && s->held_head) {
+		kvs_held *h = s->held_head;
+		s->held_head = h->next;
+		if (!s->held_head)
+			s->held_tail = NULL;
+		s->n_held--;
+		s->held_bytes -= h->len;
+		dispatch_msg(srv, h->ident, h->ident_len, h->buf, h->len, true);
+		free(h);
+	}
 }
 
 /* Reads every pending message from the ROUTER socket without blocking. */

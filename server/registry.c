@@ -15,14 +15,18 @@
 #define KVS_LOG_COMPONENT "registry"
 #include "kvs_l2.h"
 #include "kvs_log.h"
+#include "kvs_time.h"
 #include "keys.h"
 #include "reply.h"
 #include "copy_cuda.h"
 #include "copy_host.h"
 #include "import.h"
+#include "kvs_workq.h"
 
 struct kvs_registry {
 	struct kvs_cuda_engine *cuda;
+	kvs_workq *q;           /* the setup thread (NULL: registers complete inline) */
+	uint32_t test_delay_ms; /* KVS_TEST_REGISTER_DELAY_MS: every register deferred, this much slower */
 	kvs_htab *regs;    /* kvs_reg by id */
 	kvs_htab *live;    /* the live (not dead) kvs_reg of each session, by session id */
 	kvs_imports *imports;
@@ -44,8 +48,16 @@ int kvs_registry_create(kvs_registry **ret)
 		free(r);
 		return e;
 	}
+	const char *d = getenv("KVS_TEST_REGISTER_DELAY_MS");
+	r->test_delay_ms = d ? (uint32_t)strtoul(d, NULL, 10) : 0;
 	*ret = r;
 	return 0;
+}
+
+void kvs_registry_set_setupq(kvs_registry *r, kvs_workq *q)
+{
+	r->q = q;
+	kvs_imports_set_workq(r->imports, q);
 }
 
 void kvs_registry_set_cuda(kvs_registry *r, struct kvs_cuda_engine *e)
@@ -54,11 +66,11 @@ void kvs_registry_set_cuda(kvs_registry *r, struct kvs_cuda_engine *e)
 	kvs_imports_set_cuda(r->imports, e);
 }
 
-static void spans_free(kvs_registry *r, kvs_span *spans, uint32_t n)
+static void spans_free(struct kvs_cuda_engine *cuda, kvs_span *spans, uint32_t n)
 {
 	for (uint32_t i = 0; i < n; i++) {
 		if (spans[i].cspan) {
-			kvs_cuda_span_unmap(r->cuda, spans[i].cspan);
+			kvs_cuda_span_unmap(cuda, spans[i].cspan);
 			continue;
 		}
 		munmap(spans[i].base, spans[i].size);
@@ -66,10 +78,46 @@ static void spans_free(kvs_registry *r, kvs_span *spans, uint32_t n)
 	free(spans);
 }
 
+/* A CUDA registration's stream and spans, torn down on the setup thread
+ * (their driver calls never run on the loop); queued before the imports'
+ * own releases, so FIFO unmaps the spans first. */
+typedef struct teardown_item {
+	kvs_workq_item wi; /* first */
+	struct kvs_cuda_engine *cuda; /* outlives the queue (the registry may not: shutdown) */
+	struct kvs_cuda_stream *stream;
+	kvs_span *spans;
+	uint32_t n_spans;
+} teardown_item;
+
+static void teardown_work(kvs_workq_item *it)
+{
+	teardown_item *t = (teardown_item *)it;
+	kvs_cuda_pin_hold(t->cuda, true);
+	kvs_cuda_stream_destroy(t->cuda, t->stream);
+	spans_free(t->cuda, t->spans, t->n_spans);
+	kvs_cuda_pin_hold(t->cuda, false);
+	free(t);
+}
+
+/* Releases a stream and spans: CUDA ones on the setup thread, host ones here. */
+static void release_mappings(kvs_registry *r, struct kvs_cuda_stream *stream, kvs_span *spans, uint32_t n_spans)
+{
+	bool device = stream != NULL;
+	for (uint32_t i = 0; i < n_spans; i++)
+		device |= spans[i].cspan != NULL;
+	teardown_item *t = device && r->q ? calloc(1, sizeof(*t)) : NULL;
+	if (!t) {
+		kvs_cuda_stream_destroy(r->cuda, stream);
+		spans_free(r->cuda, spans, n_spans);
+		return;
+	}
+	*t = (teardown_item){.wi.work = teardown_work, .cuda = r->cuda, .stream = stream, .spans = spans, .n_spans = n_spans};
+	kvs_workq_submit(r->q, &t->wi);
+}
+
 static void reg_free(kvs_registry *r, kvs_reg *g)
 {
-	kvs_cuda_stream_destroy(r->cuda, g->stream);
-	spans_free(r, g->spans, g->n_spans); /* before the imports they map */
+	release_mappings(r, g->stream, g->spans, g->n_spans); /* before the imports they map */
 	for (uint32_t i = 0; i < g->n_imports; i++)
 		kvs_import_release(r->imports, g->imports[i]);
 	for (uint32_t i = 0; i < g->n_groups; i++)
@@ -346,15 +394,23 @@ static int validate(kvs_server *srv, const kvs_msg *rq)
 	return 0;
 }
 
-/* ---- register -------------------------------------------------------------- */
-
-static int op_register(kvs_server *srv, kvs_session *s, const kvs_msg *rq);
+/* ---- register ----------------------------------------------------------------
+ * A register runs in three steps. begin (loop): role, validation, token
+ * claims, import reservations (kvs_import_reserve). work (the setup thread
+ * for CUDA registrations, inline for host ones): opens the fresh imports,
+ * checks the aliases, maps the ranges, creates the CUDA streams and staging
+ * memory: every driver call of a register, off the loop. finish (loop, from
+ * the completion queue): builds the registration, replaces the session's
+ * previous one, replies. Meanwhile the session is not reaped and its later
+ * requests wait behind the register (session.c); a session that ended
+ * meanwhile gets nothing and what was made is released. */
 
 /* Maps every range of several allocations (entries that `follow`) back to
  * back in one address range of its own, as the engine maps them, so views may
- * cross from one allocation into the next. *ret (may be NULL) and *ret_n. */
-static int map_spans(kvs_server *srv, const kvs_msg *rq, kvs_import *const *imps, kvs_span **ret,
-		     uint32_t *ret_n)
+ * cross from one allocation into the next. *ret (may be NULL) and *ret_n; a
+ * code and err on failure. Any thread (the setup thread for deferred work). */
+static int map_spans(kvs_registry *R, const kvs_msg *rq, kvs_import *const *imps, kvs_span **ret,
+		     uint32_t *ret_n, char *err, size_t errlen)
 {
 	uint32_t n = 0;
 	for (uint32_t i = 1; i < rq->n_allocs; i++)
@@ -364,8 +420,10 @@ static int map_spans(kvs_server *srv, const kvs_msg *rq, kvs_import *const *imps
 	if (!n)
 		return 0;
 	kvs_span *sp = calloc(n, sizeof(*sp));
-	if (!sp)
-		return kvs__fail(srv, KVS_E_INTERNAL, "out of memory");
+	if (!sp) {
+		snprintf(err, errlen, "out of memory");
+		return KVS_E_INTERNAL;
+	}
 	uint32_t k = 0;
 	int r = 0;
 	for (uint32_t h = 0; h < rq->n_allocs; h++) {
@@ -386,24 +444,26 @@ static int map_spans(kvs_server *srv, const kvs_msg *rq, kvs_import *const *imps
 				sizes[j - h] = rq->allocs[j].size;
 			}
 			char why[160];
-			if ((r = kvs_cuda_span_map(srv->cuda, pieces, sizes, e - h, &s->cspan, why, sizeof(why))) != 0) {
-				r = kvs__fail(srv, r, "allocations[%u..%u]: %s", h, e - 1, why);
+			if ((r = kvs_cuda_span_map(R->cuda, pieces, sizes, e - h, &s->cspan, why, sizeof(why))) != 0) {
+				snprintf(err, errlen, "allocations[%u..%u]: %s", h, e - 1, why);
 				goto fail;
 			}
 			s->base = kvs_cuda_span_base(s->cspan);
 		} else {
 			uint8_t *va = mmap(NULL, s->size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
 			if (va == MAP_FAILED) {
-				r = kvs__fail(srv, KVS_E_DEVICE, "allocations[%u..%u]: reserving %llu bytes failed: %s", h,
-					      e - 1, (unsigned long long)s->size, strerror(errno));
+				r = KVS_E_DEVICE;
+				snprintf(err, errlen, "allocations[%u..%u]: reserving %llu bytes failed: %s", h, e - 1,
+					 (unsigned long long)s->size, strerror(errno));
 				goto fail;
 			}
 			uint64_t off = 0;
 			for (uint32_t j = h; j < e; j++) {
 				if (mmap(va + off, rq->allocs[j].size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED,
 					 imps[j]->fd, 0) == MAP_FAILED) {
-					r = kvs__fail(srv, KVS_E_DEVICE, "allocations[%u]: mmap into its range failed: %s", j,
-						      strerror(errno));
+					r = KVS_E_DEVICE;
+					snprintf(err, errlen, "allocations[%u]: mmap into its range failed: %s", j,
+						 strerror(errno));
 					munmap(va, s->size);
 					goto fail;
 				}
@@ -417,7 +477,7 @@ static int map_spans(kvs_server *srv, const kvs_msg *rq, kvs_import *const *imps
 	*ret_n = k;
 	return 0;
 fail:
-	spans_free(srv->reg, sp, k);
+	spans_free(R->cuda, sp, k);
 	return r;
 }
 
@@ -500,71 +560,118 @@ fail:
 	return NULL;
 }
 
-/* A refused registration is an engine misconfiguration the operator should
- * see (the engine gets the same text in the error reply). */
-int kvs__op_register(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
+/* A register between begin and finish. The copied request (rq points
+ * into allocs, ipc, groups and layers) outlives the decoded message.
+ * Owned by the loop until submitted, by the setup thread while work runs,
+ * by the loop again from finish on. */
+typedef struct reg_pend {
+	kvs_workq_item wi; /* first: the setup thread runs work, the loop finish */
+	kvs_server *srv;
+	uint64_t session, req_id;
+	kvs_msg rq;
+	kvs_alloc_desc allocs[KVS_MAX_ALLOCS];
+	uint8_t ipc[KVS_MAX_ALLOCS][64];
+	kvs_group_desc *groups;
+	kvs_layer_desc *layers;
+	bool allow_unsealed;
+	uint32_t delay_ms;
+	int fds[KVS_MAX_ALLOCS];          /* claimed broker fds, consumed by work; -1 */
+	kvs_import *imps[KVS_MAX_ALLOCS]; /* reserved: one reference each */
+	bool fresh[KVS_MAX_ALLOCS];
+	kvs_span *spans;                  /* made by work */
+	uint32_t n_spans;
+	struct kvs_cuda_stream *stream;   /* made by work (cuda) */
+	int result;
+	char err[300];
+} reg_pend;
+
+static void pend_free(reg_pend *p)
 {
-	int r = op_register(srv, s, rq);
-	if (r)
-		kvs_warn("session %016llx: register refused: %s: %s", (unsigned long long)s->id,
-			 kvs_error_name(r), srv->errbuf);
-	return r;
+	for (uint32_t i = 0; i < p->rq.n_allocs; i++)
+		if (p->fds[i] >= 0)
+			close(p->fds[i]);
+	free(p->groups);
+	free(p->layers);
+	free(p);
 }
 
-static int op_register(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
+/* The setup thread (or inline): every import, map and stream of the
+ * register, in allocation order; on failure what work made is undone here
+ * and the reservations are left to finish. */
+static void reg_work(kvs_workq_item *it)
 {
-	kvs_registry *R = srv->reg;
-	if (s->role != KVS_ROLE_WORKER)
-		return kvs__fail(srv, KVS_E_SESSION, "only worker sessions register memory");
-	int r = validate(srv, rq);
-	if (r)
-		return r;
-
-	/* Claim every token first: a token is single-use, so from here on the
-	 * claimed fds are ours and are closed on failure. */
-	uint32_t n = rq->n_allocs;
-	kvs_parked *claimed[KVS_MAX_ALLOCS] = {0};
-	kvs_import *imps[KVS_MAX_ALLOCS] = {0};
-	bool fresh[KVS_MAX_ALLOCS] = {0};
-	kvs_reg *g = NULL;
-	uint32_t i;
-	for (i = 0; i < n; i++) {
-		if (rq->device.type == KVS_DEV_CUDA && rq->allocs[i].ipc_handle.len)
-			continue; /* legacy CUDA IPC: the handle comes in the message */
-		claimed[i] = kvs__broker_claim(srv, rq->allocs[i].token);
-		if (!claimed[i]) {
-			r = kvs__fail(srv, KVS_E_AUTH, "allocations[%u]: token unknown, expired or already used", i);
-			goto err_claims;
-		}
-		if (memcmp(claimed[i]->alloc_id, rq->allocs[i].alloc_id, 16) != 0 ||
-		    claimed[i]->size != rq->allocs[i].size) {
-			r = kvs__fail(srv, KVS_E_AUTH, "allocations[%u]: alloc_id or size differ from what the broker received", i);
-			goto err_claims;
-		}
-	}
-	/* import or alias each allocation (each claimed fd is consumed) */
-	for (i = 0; i < n; i++) {
+	reg_pend *p = (reg_pend *)it;
+	uint64_t t0 = kvs_now_ms();
+	kvs_registry *R = p->srv->reg;
+	const kvs_msg *rq = &p->rq;
+	if (p->delay_ms)
+		usleep(p->delay_ms * 1000u); /* test hook: a slow driver */
+	bool cuda = rq->device.type == KVS_DEV_CUDA; /* op_register took a pin hold: released below */
+	uint32_t n = rq->n_allocs, i;
+	for (i = 0; i < n && !p->result; i++) {
 		const kvs_alloc_desc *a = &rq->allocs[i];
 		kvs_import_req ir = {.dev_type = rq->device.type, .uuid = rq->device.uuid, .alloc_id = a->alloc_id,
-				     .size = a->size, .fd = claimed[i] ? claimed[i]->fd : -1,
-				     .ipc_handle = a->ipc_handle.len ? a->ipc_handle.ptr : NULL,
-				     .ipc_len = a->ipc_handle.len, .allow_unsealed = srv->cfg.allow_unsealed};
-		if (claimed[i])
-			claimed[i]->fd = -1;
-		char why[300];
-		if ((r = kvs_import_acquire(R->imports, &ir, &imps[i], &fresh[i], why, sizeof(why))) != 0) {
-			r = kvs__fail(srv, r, "allocations[%u]: %s", i, why);
-			goto err_imports;
+				     .size = a->size, .fd = p->fds[i], .ipc_handle = a->ipc_handle.len ? a->ipc_handle.ptr : NULL,
+				     .ipc_len = a->ipc_handle.len, .allow_unsealed = p->allow_unsealed};
+		p->fds[i] = -1; /* consumed */
+		char why[256];
+		if ((p->result = kvs_import_complete(R->imports, p->imps[i], p->fresh[i], &ir, why, sizeof(why))) != 0)
+			snprintf(p->err, sizeof(p->err), "allocations[%u]: %s", i, why);
+	}
+	for (; i < n; i++)
+		if (p->fds[i] >= 0) {
+			close(p->fds[i]);
+			p->fds[i] = -1;
 		}
+	if (!p->result)
+		p->result = map_spans(R, rq, p->imps, &p->spans, &p->n_spans, p->err, sizeof(p->err));
+	if (!p->result && rq->device.type == KVS_DEV_CUDA &&
+	    kvs_cuda_stream_create(R->cuda, kvs_cuda_map_device(p->imps[0]->cmap), &p->stream) != 0) {
+		p->result = KVS_E_DEVICE;
+		snprintf(p->err, sizeof(p->err), "cannot create the registration's CUDA streams");
 	}
+	if (p->result) {
+		kvs_cuda_stream_destroy(R->cuda, p->stream); /* NULL so far: nothing */
+		p->stream = NULL;
+		spans_free(R->cuda, p->spans, p->n_spans);
+		p->spans = NULL;
+		p->n_spans = 0;
+	}
+	if (cuda)
+		kvs_cuda_pin_hold(R->cuda, false);
+	uint64_t ms = kvs_now_ms() - t0;
+	if (ms > 100 + p->delay_ms) /* an operator should see the driver being slow */
+		kvs_warn("register of session %016llx: %llu ms on the setup thread", (unsigned long long)p->session,
+			 (unsigned long long)ms);
+}
 
-	kvs_span *spans = NULL;
-	uint32_t n_spans = 0;
-	if ((r = map_spans(srv, rq, imps, &spans, &n_spans)) != 0) {
-		i = n;
-		goto err_imports;
+/* The loop: builds and installs the registration (or releases what the
+ * attempt holds) and answers. Returns the register's code; with reply_self
+ * the error reply is sent here (deferred), else the dispatcher sends it. */
+static int reg_finish(reg_pend *p, bool reply_self)
+{
+	kvs_server *srv = p->srv;
+	kvs_registry *R = srv->reg;
+	const kvs_msg *rq = &p->rq;
+	kvs_session *s = kvs__session_get(srv, p->session);
+	uint32_t n = rq->n_allocs;
+	int r = p->result;
+	kvs_reg *g = NULL;
+	if (s) {
+		s->reg_pending = false;
+		s->expires_ms = srv->now_ms + srv->cfg.ttl_ms; /* the wait was the server's */
 	}
-	g = reg_build(rq, imps, spans, n_spans);
+	if (r) {
+		kvs__fail(srv, r, "%s", p->err);
+		goto err_release;
+	}
+	if (!s) {
+		r = KVS_E_SESSION;
+		kvs_info("register of session %016llx finished after the session ended: released",
+			 (unsigned long long)p->session);
+		goto err_release;
+	}
+	g = reg_build(rq, p->imps, p->spans, p->n_spans);
 	if (!g)
 		goto err_nomem;
 	do
@@ -576,9 +683,6 @@ static int op_register(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
 	g->rank = s->rank;
 	g->dev_type = rq->device.type;
 	g->engine = g->dev_type == KVS_DEV_CUDA ? kvs_cuda_copy_engine(srv->cuda) : kvs_copy_pool_engine(srv->pool);
-	if (g->dev_type == KVS_DEV_CUDA &&
-	    kvs_cuda_stream_create(srv->cuda, kvs_cuda_map_device(imps[0]->cmap), &g->stream) != 0)
-		goto err_nomem;
 	/* replace the session's earlier registration only now that this one works */
 	kvs_reg *old = kvs_registry_of_session(R, s->id);
 	if (kvs_htab_put(R->regs, g) < 0)
@@ -589,45 +693,169 @@ static int op_register(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
 		kvs_htab_del(R->regs, &g->id);
 		goto err_nomem;
 	}
+	g->stream = p->stream;
 	if (old && old->leases == 0)
 		reg_release(srv, old);
-	for (i = 0; i < n; i++)
-		if (claimed[i]) {
-			if (claimed[i]->fd >= 0)
-				close(claimed[i]->fd);
-			free(claimed[i]);
-		}
 	uint64_t imported = 0;
-	for (i = 0; i < n; i++)
-		imported += fresh[i];
+	for (uint32_t i = 0; i < n; i++)
+		imported += p->fresh[i];
 	persist_geometry(srv->l2, g);
 	kvs_info("registration %llu: session %016llx rank %u/%u, %u groups, %u layers, %llu imported, %llu aliased",
 		 (unsigned long long)g->id, (unsigned long long)s->id, s->rank, s->world, g->n_groups,
 		 g->n_views, (unsigned long long)imported, (unsigned long long)(n - imported));
-	kvs_msg rep = {.op = KVS_OP_REGISTER, .id = rq->id, .ok = true, .registration = g->id,
+	kvs_msg rep = {.op = KVS_OP_REGISTER, .id = p->req_id, .ok = true, .registration = g->id,
 		       .imported = imported, .aliased = n - imported};
 	kvs__reply(srv, s->ident, s->ident_len, &rep);
+	pend_free(p);
 	return 0;
 
 err_nomem:
 	r = kvs__fail(srv, KVS_E_INTERNAL, "out of memory");
-	spans_free(R, spans, n_spans);
 	if (g)
 		reg_free_shell(g);
-	i = n;
-err_imports:
-	/* release exactly what this attempt acquired, newest first */
-	while (i-- > 0)
-		if (imps[i])
-			kvs_import_release(R->imports, imps[i]);
-	i = n;
-err_claims:
-	for (uint32_t k = 0; k < n; k++)
-		if (claimed[k]) {
-			if (claimed[k]->fd >= 0)
-				close(claimed[k]->fd);
-			free(claimed[k]);
+err_release:
+	release_mappings(R, p->stream, p->spans, p->n_spans);
+	/* release exactly what this attempt reserved, newest first */
+	for (uint32_t i = n; i-- > 0;)
+		if (p->imps[i])
+			kvs_import_release(R->imports, p->imps[i]);
+	if (s && reply_self) {
+		kvs_warn("session %016llx: register refused: %s: %s", (unsigned long long)s->id, kvs_error_name(r),
+			 srv->errbuf);
+		kvs__err_to_session(srv, s->id, KVS_OP_REGISTER, p->req_id, r, "%s", srv->errbuf);
+	}
+	pend_free(p);
+	return r;
+}
+
+/* finish from the completion queue, then the session's held requests */
+static void reg_done(kvs_cq_item *it)
+{
+	reg_pend *p = (reg_pend *)it;
+	kvs_server *srv = p->srv;
+	uint64_t session = p->session;
+	srv->errbuf[0] = '\0';
+	reg_finish(p, true);
+	if (srv->replay)
+		srv->replay(srv, session);
+}
+
+static int op_register(kvs_server *srv, kvs_session *s, const kvs_msg *rq);
+
+/* A refused registration is an engine misconfiguration the operator should
+ * see (the engine gets the same text in the error reply). */
+int kvs__op_register(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
+{
+	int r = op_register(srv, s, rq);
+	if (r)
+		kvs_warn("session %016llx: register refused: %s: %s", (unsigned long long)s->id,
+			 kvs_error_name(r), srv->errbuf);
+	return r;
+}
+
+/* Copies what work and finish need of the request (the decoded message
+ * and the bytes it points into go when the handler returns). */
+static reg_pend *pend_new(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
+{
+	reg_pend *p = calloc(1, sizeof(*p));
+	if (!p)
+		return NULL;
+	p->groups = malloc(rq->n_groups * sizeof(*p->groups));
+	p->layers = malloc(rq->n_layers * sizeof(*p->layers));
+	if (!p->groups || !p->layers) {
+		pend_free(p);
+		return NULL;
+	}
+	memcpy(p->groups, rq->groups, rq->n_groups * sizeof(*p->groups));
+	memcpy(p->layers, rq->layers, rq->n_layers * sizeof(*p->layers));
+	memcpy(p->allocs, rq->allocs, rq->n_allocs * sizeof(*p->allocs));
+	for (uint32_t i = 0; i < rq->n_allocs; i++) {
+		p->fds[i] = -1;
+		uint32_t len = rq->allocs[i].ipc_handle.len;
+		if (len) { /* at most 64: validated by the codec */
+			len = len < 64 ? len : 64;
+			memcpy(p->ipc[i], rq->allocs[i].ipc_handle.ptr, len);
+			p->allocs[i].ipc_handle = (kvs_bytes){.ptr = p->ipc[i], .len = rq->allocs[i].ipc_handle.len};
 		}
+	}
+	p->rq = (kvs_msg){.op = KVS_OP_REGISTER, .id = rq->id, .device = rq->device, .allocs = p->allocs,
+			  .n_allocs = rq->n_allocs, .groups = p->groups, .n_groups = rq->n_groups,
+			  .layers = p->layers, .n_layers = rq->n_layers};
+	p->srv = srv;
+	p->session = s->id;
+	p->req_id = rq->id;
+	p->allow_unsealed = srv->cfg.allow_unsealed;
+	p->delay_ms = srv->reg->test_delay_ms;
+	return p;
+}
+
+static int op_register(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
+{
+	kvs_registry *R = srv->reg;
+	if (s->role != KVS_ROLE_WORKER)
+		return kvs__fail(srv, KVS_E_SESSION, "only worker sessions register memory");
+	int r = validate(srv, rq);
+	if (r)
+		return r;
+	reg_pend *p = pend_new(srv, s, rq);
+	if (!p)
+		return kvs__fail(srv, KVS_E_INTERNAL, "out of memory");
+
+	/* Claim every token first: a token is single-use, so from here on the
+	 * claimed fds are ours and are closed on failure. */
+	uint32_t n = rq->n_allocs;
+	uint32_t i;
+	for (i = 0; i < n; i++) {
+		if (rq->device.type == KVS_DEV_CUDA && rq->allocs[i].ipc_handle.len)
+			continue; /* legacy CUDA IPC: the handle comes in the message */
+		kvs_parked *c = kvs__broker_claim(srv, rq->allocs[i].token);
+		if (!c) {
+			r = kvs__fail(srv, KVS_E_AUTH, "allocations[%u]: token unknown, expired or already used", i);
+			goto err;
+		}
+		bool match = memcmp(c->alloc_id, rq->allocs[i].alloc_id, 16) == 0 && c->size == rq->allocs[i].size;
+		p->fds[i] = c->fd;
+		free(c);
+		if (!match) {
+			r = kvs__fail(srv, KVS_E_AUTH, "allocations[%u]: alloc_id or size differ from what the broker received", i);
+			goto err;
+		}
+	}
+	/* reserve an import or an alias for each allocation: what the driver
+	 * must do comes later, in reg_work */
+	for (i = 0; i < n; i++) {
+		const kvs_alloc_desc *a = &rq->allocs[i];
+		kvs_import_req ir = {.dev_type = rq->device.type, .uuid = rq->device.uuid, .alloc_id = a->alloc_id,
+				     .size = a->size, .fd = -1, .ipc_handle = a->ipc_handle.len ? a->ipc_handle.ptr : NULL,
+				     .ipc_len = a->ipc_handle.len}; /* the kind (fd or legacy IPC) picks the operations */
+		char why[300];
+		if ((r = kvs_import_reserve(R->imports, &ir, &p->imps[i], &p->fresh[i], why, sizeof(why))) != 0) {
+			r = kvs__fail(srv, r, "allocations[%u]: %s", i, why);
+			goto err;
+		}
+	}
+	/* from now until its work is done the background pinning starts no new
+	 * slice: registers arriving together share one wait for the slices in
+	 * progress, rather than each its own (reg_work releases the hold) */
+	if (rq->device.type == KVS_DEV_CUDA)
+		kvs_cuda_pin_hold(R->cuda, true);
+	/* CUDA registers go to the setup thread; host ones make no driver call
+	 * and complete here (unless the test hook defers them too) */
+	if (R->q && (rq->device.type == KVS_DEV_CUDA || R->test_delay_ms)) {
+		s->reg_pending = true;
+		p->wi.work = reg_work;
+		p->wi.cq.done = reg_done;
+		kvs_workq_submit(R->q, &p->wi);
+		return 0;
+	}
+	reg_work(&p->wi);
+	return reg_finish(p, false);
+
+err:
+	while (i-- > 0)
+		if (p->imps[i])
+			kvs_import_release(R->imports, p->imps[i]);
+	pend_free(p);
 	return r;
 }
 

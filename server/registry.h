@@ -1,7 +1,9 @@
 /* The registry: registrations (groups, layer views over imports, leases),
  * the session -> registration index, and each namespace's geometry. Imports
  * are import.c's; every layer view is validated against its allocation.
- * Main-loop thread only. */
+ * Main-loop thread, except a register's work (imports opened, ranges mapped,
+ * CUDA streams made), which runs on the setup thread for CUDA registers and
+ * touches only what that register reserved. */
 #ifndef KVS_REGISTRY_H
 #define KVS_REGISTRY_H
 
@@ -74,6 +76,10 @@ typedef struct kvs_registry kvs_registry;
 int kvs_registry_create(kvs_registry **ret);
 /* The CUDA engine imports go through (NULL: host only). */
 void kvs_registry_set_cuda(kvs_registry *r, struct kvs_cuda_engine *e);
+struct kvs_workq;
+/* The setup thread registers' driver work runs on, and CUDA mappings are
+ * released on (NULL: inline, on the loop). */
+void kvs_registry_set_setupq(kvs_registry *r, struct kvs_workq *q);
 /* Releases every registration and import (leases must be zero). */
 void kvs_registry_destroy(kvs_registry *r);
 
@@ -103,6 +109,9 @@ struct kvs_l2;
 bool kvs_registry_geometry(kvs_registry *r, struct kvs_l2 *l2, uint64_t session, const char *ns,
 			   uint32_t world, kvs_geo *geo);
 
+/* register: CUDA registrations are answered later, from the completion
+ * queue, once the setup thread made their imports, maps and streams (0 is
+ * returned meanwhile and s->reg_pending is set); host ones at once. */
 int kvs__op_register(kvs_server *srv, kvs_session *s, const kvs_msg *rq);
 int kvs__op_unregister(kvs_server *srv, kvs_session *s, const kvs_msg *rq);
 

@@ -90,7 +90,26 @@ typedef struct kvs_session {
 	uint8_t role;
 	uint32_t rank, world;
 	uint64_t expires_ms;
+	/* A `register` of this session whose driver work runs on the setup
+	 * thread (registry.c). While it is pending the session is never reaped
+	 * (the wait is the server's, not the client's silence), and the
+	 * session's later requests other than heartbeats are held, in order, and
+	 * handled once it has been answered: a session's messages are handled in
+	 * the order sent (protocol.md 6.4). */
+	bool reg_pending;
+	struct kvs_held *held_head, *held_tail; /* FIFO of held requests */
+	uint32_t n_held;
+	uint64_t held_bytes;
 } kvs_session;
+
+/* A request held while its session's `register` is pending: the raw
+ * message, decoded again when it is handled. */
+typedef struct kvs_held {
+	struct kvs_held *next;
+	size_t ident_len, len;
+	uint8_t ident[KVS_MAX_IDENT];
+	uint8_t buf[]; /* len bytes */
+} kvs_held;
 
 /* An fd parked by the broker until a `register` claims its token. */
 typedef struct kvs_parked {
@@ -141,6 +160,10 @@ struct kvs_server {
 	                        * at least two registrations' worth, at most max_parked */
 	char broker_path[300];
 	struct kvs_cq *cq; /* completion queue: work finished on other threads */
+	struct kvs_workq *setupq; /* the setup thread: registers' driver work (registry.c) */
+	/* run when a session's register was answered: handles the requests held
+	 * behind it (loop.c sets it; the registry calls it) */
+	void (*replay)(kvs_server *srv, uint64_t session);
 	bool stopping;
 
 	kvs_htab *sessions; /* kvs_session by id */
@@ -198,6 +221,11 @@ static inline kvs_session *kvs__session_get(kvs_server *srv, uint64_t id)
 }
 void kvs__session_close(kvs_server *srv, kvs_session *s, const char *why);
 void kvs__sessions_reap(kvs_server *srv);
+/* Holds a request of a session whose register is pending (a copy of the
+ * raw message). 0, or KVS_E_BUSY when the session holds too much already. */
+int kvs__session_hold(kvs_server *srv, kvs_session *s, const uint8_t *ident, size_t ident_len, const void *buf,
+		      size_t len);
+
 int kvs__op_hello(kvs_server *srv, const void *ident, size_t ident_len, const kvs_msg *rq);
 
 /* Broker (broker.c). */

@@ -15,8 +15,21 @@
 
 /* What a session holds goes with it: its open job parts fail, its
  * registrations die (released once their copies drained). */
+static void held_free(kvs_session *s)
+{
+	while (s->held_head) {
+		kvs_held *h = s->held_head;
+		s->held_head = h->next;
+		free(h);
+	}
+	s->held_tail = NULL;
+	s->n_held = 0;
+	s->held_bytes = 0;
+}
+
 static void session_gone(kvs_server *srv, kvs_session *s)
 {
+	held_free(s); /* held requests of a session that ended get no reply (8.2) */
 	kvs__route_scheduler_del(srv, s);
 	if (srv->jobs) {
 		kvs_jobs_session_gone(srv, s);
@@ -102,8 +115,8 @@ void kvs__sessions_reap(kvs_server *srv)
 	size_t pos = 0;
 	kvs_session *s;
 	while ((s = kvs_htab_next(srv->sessions, &pos)) != NULL) {
-		if (s->expires_ms > srv->now_ms)
-			continue;
+		if (s->expires_ms > srv->now_ms || s->reg_pending)
+			continue; /* a pending register is the server's wait, not silence */
 		srv->st.sessions_reaped++;
 		kvs_htab_iter_del(srv->sessions, &pos);
 		kvs_info("session %016llx expired: lease of %llu ms ran out", (unsigned long long)s->id,
@@ -111,4 +124,33 @@ void kvs__sessions_reap(kvs_server *srv)
 		session_gone(srv, s);
 		free(s);
 	}
+}
+
+/* Bounds on what one session may have held while its register is pending:
+ * a client that pipelines more than this gets E_BUSY for the excess. */
+#define HELD_MAX 4096
+#define HELD_BYTES_MAX (64ull << 20)
+
+int kvs__session_hold(kvs_server *srv, kvs_session *s, const uint8_t *ident, size_t ident_len, const void *buf,
+		      size_t len)
+{
+	if (s->n_held >= HELD_MAX || s->held_bytes + len > HELD_BYTES_MAX || ident_len > KVS_MAX_IDENT)
+		return kvs__fail(srv, KVS_E_BUSY, "a register of this session is in progress and %u requests "
+				 "wait behind it already", s->n_held);
+	kvs_held *h = malloc(sizeof(*h) + len);
+	if (!h)
+		return kvs__fail(srv, KVS_E_INTERNAL, "out of memory");
+	h->next = NULL;
+	h->ident_len = ident_len;
+	memcpy(h->ident, ident, ident_len);
+	h->len = len;
+	memcpy(h->buf, buf, len);
+	if (s->held_tail)
+		s->held_tail->next = h;
+	else
+		s->held_head = h;
+	s->held_tail = h;
+	s->n_held++;
+	s->held_bytes += len;
+	return 0;
 }

@@ -165,6 +165,8 @@ static void usage(FILE *f)
 		"Modes: copy control l2 trace restart memory gpu l3 all   (gpu: the cuda engine; reports no GPU cleanly;\n"
 		"       l3: two servers sharing a Redis Cluster tier, beside raw hiredis, and the trace over both)\n"
 		"       trace-lru (not in all): the trace at L1 = 25/50/100 %% of its footprint beside LRU\n"
+		"       startup (not in all): 4 ranks register CUDA memory 1 s after a start with a large L1\n"
+		"       (needs up to 96 GiB of RAM; reports no GPU cleanly)\n"
 		"  --server PATH     kvside-server binary (default: $KVS_SERVER or build/server/kvside-server)\n"
 		"  --trace FILE      Mooncake-format trace (default ../shared/data/synthetic_trace.jsonl)\n"
 		"  --trace-requests N  replay only the first N requests\n"
@@ -180,7 +182,10 @@ static void usage(FILE *f)
 		"  --l3-redis SEEDS  l3: an existing cluster (default: start one with tests/l3/redis_cluster.py,\n"
 		"                    $KVS_RCLUSTER_HELPER)\n"
 		"  --l3-masters N    l3: masters of the cluster it starts, 1 (default) or 3\n"
-		"  --l3-lookup-ms MS l3: the servers' l3-lookup-ms (default 100)\n");
+		"  --l3-lookup-ms MS l3: the servers' l3-lookup-ms (default 100)\n"
+		"  --sizes LIST      startup: L1 sizes in GiB (default 8,32,96)\n"
+		"  --check           startup: exit 1 unless every register took <= 100 ms, no request waited\n"
+		"                    > 1 s and no session was lost\n");
 }
 
 int main(int argc, char **argv)
@@ -193,7 +198,8 @@ int main(int argc, char **argv)
 		{"ranks", 1, NULL, 'r'}, {"quick", 0, NULL, 'q'}, {"json", 0, NULL, 'j'},
 		{"l1-size", 1, NULL, '1'}, {"l2-size", 1, NULL, '2'}, {"trace-requests", 1, NULL, 'n'},
 		{"expect-bound", 0, NULL, 'b'}, {"inflight", 1, NULL, 'i'}, {"spread", 0, NULL, 'S'}, {"help", 0, NULL, 'h'},
-		{"l3-redis", 1, NULL, 'R'}, {"l3-masters", 1, NULL, 'M'}, {"l3-lookup-ms", 1, NULL, 'L'}, {NULL, 0, NULL, 0}};
+		{"l3-redis", 1, NULL, 'R'}, {"l3-masters", 1, NULL, 'M'}, {"l3-lookup-ms", 1, NULL, 'L'},
+		{"sizes", 1, NULL, 'z'}, {"check", 0, NULL, 'c'}, {NULL, 0, NULL, 0}};
 	int c;
 	while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
 		switch (c) {
@@ -212,6 +218,8 @@ int main(int argc, char **argv)
 		case 'R': o.l3_redis = optarg; break;
 		case 'M': o.l3_masters = (uint32_t)atoi(optarg); break;
 		case 'L': o.l3_lookup_ms = optarg; break;
+		case 'z': o.sizes = optarg; break;
+		case 'c': o.check = true; break;
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return 2;
 		}
@@ -253,7 +261,9 @@ int main(int argc, char **argv)
 			}
 			r |= r3 == 77 ? 0 : r3;
 		}
-		if (!all && !strstr(" copy control l2 trace trace-lru restart memory gpu l3 ", m)) {
+		if (strcmp(m, "startup") == 0)
+			r |= kvb_mode_startup(&o);
+		if (!all && !strstr(" copy control l2 trace trace-lru restart memory gpu l3 startup ", m)) {
 			fprintf(stderr, "unknown mode %s\n", m);
 			return 2;
 		}

@@ -25,6 +25,8 @@ typedef struct kvb_opts {
 	const char *l3_redis; /* l3: seeds of an existing cluster (NULL: start one) */
 	uint32_t l3_masters;  /* l3: masters of the cluster it starts (1 or 3) */
 	const char *l3_lookup_ms; /* l3: the servers' l3-lookup-ms (NULL: 100) */
+	const char *sizes;   /* startup: L1 sizes in GiB, "8,32,96" */
+	bool check;          /* startup: exit 1 unless the no-stall targets hold */
 } kvb_opts;
 
 /* One result line. baseline 0 = none; target "" = none. */
@@ -56,5 +58,6 @@ int kvb_mode_memory(const kvb_opts *o);
 int kvb_mode_gpu(const kvb_opts *o);
 /* 77 when it cannot run here (no hiredis, no redis-server) */
 int kvb_mode_l3(const kvb_opts *o);
+int kvb_mode_startup(const kvb_opts *o);
 
 #endif

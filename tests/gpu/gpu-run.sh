@@ -4,7 +4,8 @@
 #                                 (../shared/tools/gpu-bundle) into .gpu-bundle
 #   tests/gpu/gpu-run.sh remote   on the GPU machine (carry build and .gpu-bundle):
 #                                 run the GPU suite, the preload tests and
-#                                 `kvside-bench gpu`, logs in ${OUT:-gpu-logs}/
+#                                 the start-up test (gpu-startup.log), `kvside-bench gpu`,
+#                                 logs in ${OUT:-gpu-logs}/
 #                                 (nvidia-smi.txt, gpu-suite-<path>.log, gpu-preload.log,
 #                                 gpu-bench.md, gpu-bench.err)
 #   tests/gpu/gpu-run.sh remote-event stores after late and never-firing CUDA
@@ -79,6 +80,11 @@ remote)
     [ $r -eq 0 ] || rc=$r
     echo "gpu suite ($v ${envs[*]}): exit $r"; grep -Ev '^[0-9]{4}-[0-9]{2}-[0-9]{2}T' "$out/gpu-suite-$v.log" | tail -12
   done
+  # no stall at start-up with the largest L1 this machine allows (issue 18)
+  r=0
+  timeout 150 tests/gpu/test_startup.sh build/tests/bench/kvside-bench > "$out/gpu-startup.log" 2>&1 || r=$?
+  [ $r -eq 0 ] || rc=$r
+  echo "gpu startup: exit $r"; grep -E '^\| startup' "$out/gpu-startup.log" | head -7
   KVS_PRELOAD=$PWD/build/worker/libkvside-preload.so timeout 120 build/tests/gpu/test_preload \
     > "$out/gpu-preload.log" 2>&1 || rc=$?
   cat "$out/gpu-preload.log"
