@@ -16,6 +16,7 @@ struct kvs_copy_pool {
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
 	kvs_copy_task *q_head, *q_tail; /* queued; guarded by mu */
+	uint64_t inline_max; /* parts up to this many bytes are copied by the submitter */
 	bool stop;
 	kvs_cq *cq;
 	unsigned n;
@@ -108,6 +109,9 @@ int kvs_copy_pool_create(unsigned n, kvs_cq *cq, kvs_copy_pool **ret)
 	pthread_cond_init(&p->cv, NULL);
 	p->cq = cq;
 	p->engine = (kvs_copy_engine){.submit = pool_submit, .name = "host"};
+	/* the environment overrides the limit (the bench measures both ways; 0: never inline) */
+	const char *im = getenv("KVS_COPY_INLINE_MAX");
+	p->inline_max = im ? strtoull(im, NULL, 10) : KVS_COPY_INLINE_MAX;
 	for (p->n = 0; p->n < n; p->n++) {
 		int e = pthread_create(&p->thr[p->n], NULL, worker, p);
 		if (e) {
@@ -169,11 +173,11 @@ static void pool_submit(kvs_copy_engine *e, void *stream, const kvs_copy_part *p
 	 * a few microseconds of memcpy cost less than waking a pool thread and
 	 * being woken back (issue 18: tiny jobs' rate) */
 	uint64_t bytes = 0;
-	for (uint32_t i = 0; i < part->n_tasks && bytes <= KVS_COPY_INLINE_MAX; i++)
+	for (uint32_t i = 0; i < part->n_tasks && bytes <= p->inline_max; i++)
 		for (uint32_t j = 0; j < part->tasks[i]->n_segs; j++)
 			bytes += part->tasks[i]->segs[j].len;
 	for (uint32_t i = 0; i < part->n_tasks; i++) {
-		if (bytes <= KVS_COPY_INLINE_MAX)
+		if (bytes <= p->inline_max && p->inline_max)
 			run_here(p, part->tasks[i]);
 		else
 			kvs_copy_pool_submit(p, part->tasks[i]);

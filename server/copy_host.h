@@ -16,7 +16,8 @@
 
 typedef struct kvs_copy_pool kvs_copy_pool;
 
-/* A part of at most this many bytes is copied by the submitting thread
+/* A part of at most this many bytes (KVS_COPY_INLINE_MAX in the environment
+ * overrides it; 0: never) is copied by the submitting thread
  * itself (the main loop) instead of a pool thread: cheaper than two thread
  * hand-offs, and short (a few microseconds). */
 #define KVS_COPY_INLINE_MAX (64u << 10)
