@@ -23,6 +23,10 @@
 #define HDR_BYTES KVS_RECORD_HDR_BYTES
 #define FORMAT_VERSION KVS_RECORD_VERSION
 #define MAX_TOUCHES 65536
+/* a read lands in L1 in slices this large, each hashed while in cache */
+#define READ_SLICE (256u << 10)
+/* the writer hashes and writes an object in slices this large */
+#define WRITE_SLICE (256u << 10)
 #define HIGH_PCT 85
 #define LOW_PCT 70
 /* the pages in use (objects' overflow pages, B-trees) may reach this much of
@@ -82,10 +86,12 @@ struct kvs_l2 {
 	uint64_t slack;     /* bytes allocated ahead of LMDB's next page beyond a batch */
 	uint64_t capacity;  /* writer-owned: what the watermarks take as the size */
 	bool falloc;        /* the file system preallocates (fallocate) */
-	pthread_t writer, reader;
-	bool writer_started, reader_started;
+	pthread_t writer, readers[KVS_L2_MAX_READERS];
+	bool writer_started;
+	uint32_t n_readers; /* reader threads started */
 	uint64_t clock; /* writer-owned logical time */
 	uint64_t psize; /* LMDB page size */
+	struct XXH3_state_s *wxs; /* writer-owned: the checksum state of put_object */
 	kvs_objkey *evicted; /* writer-owned: keys evicted by the transaction in progress */
 	uint32_t n_evicted, cap_evicted;
 	/* crash-loop detection (l2_state) */
