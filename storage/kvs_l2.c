@@ -7,6 +7,7 @@
 #include "kvs_l2.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -148,6 +149,40 @@ static int lmdb_err(int rc) { return rc > 0 ? -rc : rc; }
 
 /* ---- writer ------------------------------------------------------------------- */
 
+/* Starts the disk writing a record as soon as it is complete, so that the
+ * disk works while the writer copies the rest of the batch instead of only
+ * in the commit's sync (issue 18: the writer copied, then waited for the
+ * disk, then copied the next batch while the disk idled). Contiguous
+ * records are gathered into runs of at least KICK_BYTES; flush sends what
+ * is gathered. The range runs from the record's first page (LMDB's page
+ * header and ours, written through the map just before) to its last: an
+ * overflow page belongs to one value, and this transaction touches it no
+ * more, so no page starts writeback only to be dirtied again. Pages of an
+ * uncommitted transaction on disk are harmless (copy-on-write: the
+ * committed meta page references none of them); the commit's sync still
+ * waits for all of them. SYNC_FILE_RANGE_WRITE only queues the I/O. */
+static void writeback_kick(kvs_l2 *l2, uint64_t off, uint64_t len, bool flush)
+{
+	if (len) {
+		uint64_t lo = off / l2->psize * l2->psize, hi = off + len;
+		if (l2->kick_hi != l2->kick_lo && (lo > l2->kick_hi || hi < l2->kick_lo)) {
+			/* not contiguous with the run gathered: send that first */
+			writeback_kick(l2, 0, 0, true);
+		}
+		if (l2->kick_hi == l2->kick_lo) {
+			l2->kick_lo = lo;
+			l2->kick_hi = hi;
+		} else {
+			l2->kick_lo = lo < l2->kick_lo ? lo : l2->kick_lo;
+			l2->kick_hi = hi > l2->kick_hi ? hi : l2->kick_hi;
+		}
+	}
+	if (l2->kick_hi > l2->kick_lo && (flush || l2->kick_hi - l2->kick_lo >= KICK_BYTES)) {
+		(void)sync_file_range(l2->fd, (off_t)l2->kick_lo, (off_t)(l2->kick_hi - l2->kick_lo), SYNC_FILE_RANGE_WRITE);
+		l2->kick_lo = l2->kick_hi = 0;
+	}
+}
+
 /* Puts one object into an MDB_RESERVEd value: the header bound to its key,
  * then the data, hashed as it is copied (writer transaction). */
 static int put_object(kvs_l2 *l2, MDB_txn *txn, const l2_item *it)
@@ -162,8 +197,8 @@ static int put_object(kvs_l2 *l2, MDB_txn *txn, const l2_item *it)
 	/* copy in slices and hash what was just copied, while it is in cache */
 	uint8_t *dst = (uint8_t *)v.mv_data + HDR_BYTES;
 	const uint8_t *src = it->src;
-	XXH3_state_t *xs = l2->wxs;
-	XXH3_64bits_reset_withSeed(xs, seed);
+	kvs_record_hasher *xs = l2->wxs;
+	kvs_record_hasher_reset(xs, seed);
 	if (l2->map_base) {
 		/* MDB_RESERVE gave space in the map; fill it with pwrite at the
 		 * same file offset rather than memcpy into the mapping: the page
@@ -176,7 +211,7 @@ static int put_object(kvs_l2 *l2, MDB_txn *txn, const l2_item *it)
 		off_t foff = (off_t)(dst - l2->map_base);
 		for (uint64_t off = 0; off < it->len;) {
 			uint64_t n = it->len - off < WRITE_SLICE ? it->len - off : WRITE_SLICE;
-			XXH3_64bits_update(xs, src + off, n);
+			kvs_record_hasher_update(xs, src + off, n);
 			for (uint64_t done = 0; done < n;) {
 				ssize_t w = pwrite(l2->fd, src + off + done, n - done, foff + (off_t)(off + done));
 				if (w <= 0) {
@@ -195,12 +230,14 @@ static int put_object(kvs_l2 *l2, MDB_txn *txn, const l2_item *it)
 		for (uint64_t off = 0; off < it->len;) {
 			uint64_t n = it->len - off < WRITE_SLICE ? it->len - off : WRITE_SLICE;
 			memcpy(dst + off, src + off, n);
-			XXH3_64bits_update(xs, dst + off, n);
+			kvs_record_hasher_update(xs, dst + off, n);
 			off += n;
 		}
 	}
-	h.checksum = XXH3_64bits_digest(xs);
+	h.checksum = kvs_record_hasher_digest(xs);
 	memcpy(v.mv_data, &h, HDR_BYTES);
+	if (l2->map_base)
+		writeback_kick(l2, (uint64_t)((uint8_t *)v.mv_data - l2->map_base), HDR_BYTES + it->len, false);
 	return 0;
 }
 
@@ -223,6 +260,7 @@ static int write_batch(kvs_l2 *l2, l2_item *batch, uint32_t nb, const kvs_objkey
 		return MDB_PANIC;
 	MDB_txn *txn;
 	l2->n_evicted = 0;
+	l2->kick_lo = l2->kick_hi = 0;
 	int rc = mdb_txn_begin(l2->env, NULL, 0, &txn);
 	if (rc)
 		return rc;
@@ -292,6 +330,8 @@ static int write_batch(kvs_l2 *l2, l2_item *batch, uint32_t nb, const kvs_objkey
 	    (rc = kvs__l2_meta_put(txn, l2->meta, "objects", objects)) ||
 	    (rc = kvs__l2_meta_put(txn, l2->meta, "clock", l2->clock)))
 		goto abort;
+	if (l2->map_base)
+		writeback_kick(l2, 0, 0, true);
 	if (n_objects) {
 		int f = atomic_exchange(&l2->inject, KVS_L2_INJECT_NONE);
 		if (f == KVS_L2_INJECT_KILL)
@@ -366,18 +406,19 @@ static void *writer_main(void *arg)
 {
 	kvs_l2 *l2 = arg;
 	void *alt = kvs__l2_thread_begin(l2);
+	pthread_setname_np(pthread_self(), "kvs-l2-writer"); /* for top, perf */
 	l2_item *batch = calloc(l2->cfg.batch_max, sizeof(*batch));
 	l2_item **orig = calloc(l2->cfg.batch_max, sizeof(*orig));
 	kvs_objkey *touches = calloc(MAX_TOUCHES, sizeof(*touches));
 	l2_drop *drops = calloc(MAX_TOUCHES, sizeof(*drops));
-	l2->wxs = XXH3_createState();
+	l2->wxs = kvs_record_hasher_new();
 	if (!batch || !orig || !touches || !drops || !l2->wxs) {
 		kvs_err("writer cannot start: out of memory");
 		free(batch);
 		free(orig);
 		free(touches);
 		free(drops);
-		XXH3_freeState(l2->wxs);
+		kvs_record_hasher_free(l2->wxs);
 		l2->wxs = NULL;
 		kvs__l2_thread_end(alt);
 		return NULL;
@@ -473,7 +514,7 @@ static void *writer_main(void *arg)
 	free(orig);
 	free(touches);
 	free(drops);
-	XXH3_freeState(l2->wxs);
+	kvs_record_hasher_free(l2->wxs);
 	l2->wxs = NULL;
 	kvs__l2_thread_end(alt);
 	return NULL;
@@ -527,7 +568,7 @@ static int pread_full(int fd, void *buf, uint64_t n, off_t off)
  * slice is hashed right after, while it is in cache. Without a known map
  * base (no WRITEMAP mapping found) the same is done with memcpy from the
  * map. */
-static int read_one(kvs_l2 *l2, MDB_txn *txn, l2_item *it, XXH3_state_t *xs)
+static int read_one(kvs_l2 *l2, MDB_txn *txn, l2_item *it, kvs_record_hasher *xs)
 {
 	MDB_val k = {sizeof(it->key), &it->key}, v;
 	int rc = mdb_get(txn, l2->obj, &k, &v);
@@ -562,7 +603,7 @@ static int read_one(kvs_l2 *l2, MDB_txn *txn, l2_item *it, XXH3_state_t *xs)
 		return KVS_E_MISS;
 	}
 	uint8_t *dst = it->dst;
-	XXH3_64bits_reset_withSeed(xs, kvs_record_seed(&h, &it->key));
+	kvs_record_hasher_reset(xs, kvs_record_seed(&h, &it->key));
 	for (uint64_t off = 0; off < h.len;) {
 		uint64_t n = h.len - off < READ_SLICE ? h.len - off : READ_SLICE;
 		if (by_file) {
@@ -573,10 +614,10 @@ static int read_one(kvs_l2 *l2, MDB_txn *txn, l2_item *it, XXH3_state_t *xs)
 		} else {
 			memcpy(dst + off, rec + HDR_BYTES + off, n);
 		}
-		XXH3_64bits_update(xs, dst + off, n);
+		kvs_record_hasher_update(xs, dst + off, n);
 		off += n;
 	}
-	if (XXH3_64bits_digest(xs) != h.checksum) {
+	if (kvs_record_hasher_digest(xs) != h.checksum) {
 		kvs__l2_drop_found(l2, &it->key, &v, HDR_OK);
 		return KVS_E_MISS;
 	}
@@ -587,7 +628,8 @@ static void *reader_main(void *arg)
 {
 	kvs_l2 *l2 = arg;
 	void *alt = kvs__l2_thread_begin(l2);
-	XXH3_state_t *xs = XXH3_createState();
+	pthread_setname_np(pthread_self(), "kvs-l2-reader");
+	kvs_record_hasher *xs = kvs_record_hasher_new();
 	pthread_mutex_lock(&l2->mu);
 	for (;;) {
 		while (!l2->rq.n && !l2->stop)
@@ -612,7 +654,7 @@ static void *reader_main(void *arg)
 		signal_owner(l2);
 	}
 	pthread_mutex_unlock(&l2->mu);
-	XXH3_freeState(xs);
+	kvs_record_hasher_free(xs);
 	kvs__l2_thread_end(alt);
 	return NULL;
 }

@@ -27,6 +27,8 @@
 #define READ_SLICE (256u << 10)
 /* the writer hashes and writes an object in slices this large */
 #define WRITE_SLICE (256u << 10)
+/* the writer starts the disk on runs of written records this large */
+#define KICK_BYTES (1u << 20)
 #define HIGH_PCT 85
 #define LOW_PCT 70
 /* the pages in use (objects' overflow pages, B-trees) may reach this much of
@@ -91,7 +93,8 @@ struct kvs_l2 {
 	uint32_t n_readers; /* reader threads started */
 	uint64_t clock; /* writer-owned logical time */
 	uint64_t psize; /* LMDB page size */
-	struct XXH3_state_s *wxs; /* writer-owned: the checksum state of put_object */
+	kvs_record_hasher *wxs; /* writer-owned: the checksum state of put_object */
+	uint64_t kick_lo, kick_hi; /* writer-owned: file range written, its writeback not yet started */
 	kvs_objkey *evicted; /* writer-owned: keys evicted by the transaction in progress */
 	uint32_t n_evicted, cap_evicted;
 	/* crash-loop detection (l2_state) */

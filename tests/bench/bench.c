@@ -162,7 +162,7 @@ static void usage(FILE *f)
 {
 	fprintf(f,
 		"Usage: kvside-bench MODE... [options]\n"
-		"Modes: copy control l2 trace restart memory gpu all   (gpu: the cuda engine; reports no GPU cleanly)\n"
+		"Modes: copy control l2 writebehind trace restart memory gpu all   (gpu: the cuda engine; reports no GPU cleanly)\n"
 		"  --server PATH     kvside-server binary (default: $KVS_SERVER or build/server/kvside-server)\n"
 		"  --trace FILE      Mooncake-format trace (default ../shared/data/synthetic_trace.jsonl)\n"
 		"  --trace-requests N  replay only the first N requests\n"
@@ -173,6 +173,7 @@ static void usage(FILE *f)
 		"  --quick           smoke sizes (seconds)\n"
 		"  --inflight N      copy: jobs in flight per rank (default 1; gpu adds a 4-rank x 2 row)\n"
 		"  --spread          gpu: rank r on GPU r %% devices, --ranks ranks only, per-GPU ceilings\n"
+		"  --gpu-ranks       writebehind: the ranks' KV cache in GPU memory (needs CUDA) instead of host memory\n"
 		"  --json            one JSON object per result\n");
 }
 
@@ -185,7 +186,7 @@ int main(int argc, char **argv)
 		{"server", 1, NULL, 's'}, {"trace", 1, NULL, 't'}, {"dir", 1, NULL, 'd'},
 		{"ranks", 1, NULL, 'r'}, {"quick", 0, NULL, 'q'}, {"json", 0, NULL, 'j'},
 		{"l1-size", 1, NULL, '1'}, {"l2-size", 1, NULL, '2'}, {"trace-requests", 1, NULL, 'n'},
-		{"expect-bound", 0, NULL, 'b'}, {"inflight", 1, NULL, 'i'}, {"spread", 0, NULL, 'S'}, {"help", 0, NULL, 'h'}, {NULL, 0, NULL, 0}};
+		{"expect-bound", 0, NULL, 'b'}, {"inflight", 1, NULL, 'i'}, {"spread", 0, NULL, 'S'}, {"gpu-ranks", 0, NULL, 'G'}, {"help", 0, NULL, 'h'}, {NULL, 0, NULL, 0}};
 	int c;
 	while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
 		switch (c) {
@@ -201,6 +202,7 @@ int main(int argc, char **argv)
 		case 'b': o.expect_bound = true; break;
 		case 'i': o.inflight = (uint32_t)atoi(optarg); break;
 		case 'S': o.spread = true; break;
+		case 'G': o.gpu_ranks = true; break;
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return 2;
 		}
@@ -224,6 +226,8 @@ int main(int argc, char **argv)
 			r |= kvb_mode_control(&o);
 		if (all || strcmp(m, "l2") == 0)
 			r |= kvb_mode_l2(&o);
+		if (all || strcmp(m, "writebehind") == 0)
+			r |= kvb_mode_writebehind(&o);
 		if (all || strcmp(m, "trace") == 0)
 			r |= kvb_mode_trace(&o);
 		if (all || strcmp(m, "restart") == 0)
@@ -232,7 +236,7 @@ int main(int argc, char **argv)
 			r |= kvb_mode_memory(&o);
 		if (all || strcmp(m, "gpu") == 0)
 			r |= kvb_mode_gpu(&o);
-		if (!all && !strstr(" copy control l2 trace restart memory gpu ", m)) {
+		if (!all && !strstr(" copy control l2 writebehind trace restart memory gpu ", m)) {
 			fprintf(stderr, "unknown mode %s\n", m);
 			return 2;
 		}

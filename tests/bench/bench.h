@@ -22,6 +22,7 @@ typedef struct kvb_opts {
 	bool expect_bound;   /* trace: fail unless the hit ratio equals the bound */
 	uint32_t inflight;   /* copy: jobs in flight per rank (default 1) */
 	bool spread;         /* gpu: rank r on GPU r % devices */
+	bool gpu_ranks;      /* writebehind: the ranks' KV in GPU memory (cuda engine) */
 } kvb_opts;
 
 /* One result line. baseline 0 = none; target "" = none. */
@@ -50,5 +51,6 @@ int kvb_mode_trace(const kvb_opts *o);
 int kvb_mode_restart(const kvb_opts *o);
 int kvb_mode_memory(const kvb_opts *o);
 int kvb_mode_gpu(const kvb_opts *o);
+int kvb_mode_writebehind(const kvb_opts *o);
 
 #endif
