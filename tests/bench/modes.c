@@ -1137,15 +1137,37 @@ static int fill(kvs_client *sc, rank_ctx *r, uint64_t run, uint64_t n)
 	return 0;
 }
 
+/* Polls for the server's ZeroMQ socket file: when it appears, the server
+ * is listening (bound after its modules, L2 included, are open). */
+typedef struct listen_probe {
+	char path[400];
+	double t0, at;
+	atomic_int stop;
+} listen_probe;
+
+static void *listen_probe_main(void *p)
+{
+	listen_probe *lp = p;
+	while (!atomic_load(&lp->stop) && kvb_now() - lp->t0 < 20) {
+		if (access(lp->path, F_OK) == 0) {
+			lp->at = kvb_now() - lp->t0;
+			break;
+		}
+		usleep(500);
+	}
+	return NULL;
+}
+
 int kvb_mode_restart(const kvb_opts *o)
 {
-	uint64_t sizes[2] = {o->quick ? 500 : 2000, o->quick ? 5000 : 20000};
+	/* 4 KiB objects: 200,000 take 1.6 GB of disk (two LMDB pages each) */
+	uint64_t sizes[2] = {o->quick ? 500 : 20000, o->quick ? 5000 : 200000};
 	int rc = 0;
 	for (int i = 0; i < 2 && !rc; i++) {
 		char l2p[320];
 		snprintf(l2p, sizeof(l2p), "%s/restart-l2-%d-%d", o->dir, (int)getpid(), i);
 		kvt_server s;
-		if (kvb_server_start(o, &s, "--l1-size", "1073741824", "--l2-path", l2p, "--l2-size", "2147483648", NULL))
+		if (kvb_server_start(o, &s, "--l1-size", "1073741824", "--l2-path", l2p, "--l2-size", "4294967296", NULL))
 			return 1;
 		geo g = {.layers = 1, .bpc = 1, .nb = 4096, .block = 4096};
 		rank_ctx r;
@@ -1163,17 +1185,26 @@ int kvb_mode_restart(const kvb_opts *o)
 		kvt_server_stop(&s);
 		/* restart: time from exec to the first L2 hit seen by a fresh
 		 * client (the same run dir and arguments) */
+		listen_probe lp = {.at = -1};
+		snprintf(lp.path, sizeof(lp.path), "%s/kvside.zmq", s.run);
+		pthread_t lpt;
 		double t0 = kvb_now();
+		lp.t0 = t0;
+		pthread_create(&lpt, NULL, listen_probe_main, &lp);
 		if (kvt_server_spawn(&s) != 0) {
+			atomic_store(&lp.stop, 1);
+			pthread_join(lpt, NULL);
 			rc = 1;
 			break;
 		}
 		uint8_t key[32];
 		kvb_key(555 + i, 0, key);
-		double hit_at = -1;
+		double hit_at = -1, conn_at = -1;
 		while (kvb_now() - t0 < 20) {
 			kvs_client *c = kvt_client(&s, "restart", KVS_ROLE_SCHEDULER, 0, 1, NULL, NULL);
 			uint64_t h = 0;
+			if (c && conn_at < 0)
+				conn_at = kvb_now() - t0;
 			if (c && kvs_lookup(c, key, 1, false, 0, 2000, &h, NULL) == 0 && h == 1)
 				hit_at = kvb_now() - t0;
 			kvs_client_close(c);
@@ -1181,9 +1212,15 @@ int kvb_mode_restart(const kvb_opts *o)
 				break;
 			usleep(2000);
 		}
+		atomic_store(&lp.stop, 1);
+		pthread_join(lpt, NULL);
 		char nm[96];
 		snprintf(nm, sizeof(nm), "restart to first L2 hit, %llu objects in L2", (unsigned long long)sizes[i]);
-		kvb_result(nm, hit_at * 1e3, "ms", 0, "< 1000 ms, flat in L2 size");
+		kvb_result(nm, hit_at * 1e3, "ms", 0, "<= 250 ms");
+		snprintf(nm, sizeof(nm), "restart to listening (socket bound), %llu objects in L2", (unsigned long long)sizes[i]);
+		kvb_result(nm, lp.at * 1e3, "ms", 0, "");
+		kvb_note("restart, %llu objects: listening at %.1f ms, the first client connected (hello answered) at "
+			 "%.1f ms, first hit at %.1f ms", (unsigned long long)sizes[i], lp.at * 1e3, conn_at * 1e3, hit_at * 1e3);
 		if (hit_at < 0)
 			rc = 1;
 		kvt_server_stop(&s);
