@@ -149,40 +149,6 @@ static int lmdb_err(int rc) { return rc > 0 ? -rc : rc; }
 
 /* ---- writer ------------------------------------------------------------------- */
 
-/* Starts the disk writing a record as soon as it is complete, so that the
- * disk works while the writer copies the rest of the batch instead of only
- * in the commit's sync (issue 18: the writer copied, then waited for the
- * disk, then copied the next batch while the disk idled). Contiguous
- * records are gathered into runs of at least KICK_BYTES; flush sends what
- * is gathered. The range runs from the record's first page (LMDB's page
- * header and ours, written through the map just before) to its last: an
- * overflow page belongs to one value, and this transaction touches it no
- * more, so no page starts writeback only to be dirtied again. Pages of an
- * uncommitted transaction on disk are harmless (copy-on-write: the
- * committed meta page references none of them); the commit's sync still
- * waits for all of them. SYNC_FILE_RANGE_WRITE only queues the I/O. */
-static void writeback_kick(kvs_l2 *l2, uint64_t off, uint64_t len, bool flush)
-{
-	if (len) {
-		uint64_t lo = off / l2->psize * l2->psize, hi = off + len;
-		if (l2->kick_hi != l2->kick_lo && (lo > l2->kick_hi || hi < l2->kick_lo)) {
-			/* not contiguous with the run gathered: send that first */
-			writeback_kick(l2, 0, 0, true);
-		}
-		if (l2->kick_hi == l2->kick_lo) {
-			l2->kick_lo = lo;
-			l2->kick_hi = hi;
-		} else {
-			l2->kick_lo = lo < l2->kick_lo ? lo : l2->kick_lo;
-			l2->kick_hi = hi > l2->kick_hi ? hi : l2->kick_hi;
-		}
-	}
-	if (l2->kick_hi > l2->kick_lo && (flush || l2->kick_hi - l2->kick_lo >= KICK_BYTES)) {
-		(void)sync_file_range(l2->fd, (off_t)l2->kick_lo, (off_t)(l2->kick_hi - l2->kick_lo), SYNC_FILE_RANGE_WRITE);
-		l2->kick_lo = l2->kick_hi = 0;
-	}
-}
-
 /* Puts one object into an MDB_RESERVEd value: the header bound to its key,
  * then the data, hashed as it is copied (writer transaction). */
 static int put_object(kvs_l2 *l2, MDB_txn *txn, const l2_item *it)
@@ -237,7 +203,7 @@ static int put_object(kvs_l2 *l2, MDB_txn *txn, const l2_item *it)
 	h.checksum = kvs_record_hasher_digest(xs);
 	memcpy(v.mv_data, &h, HDR_BYTES);
 	if (l2->map_base)
-		writeback_kick(l2, (uint64_t)((uint8_t *)v.mv_data - l2->map_base), HDR_BYTES + it->len, false);
+		kvs__l2_writeback_kick(l2, (uint64_t)((uint8_t *)v.mv_data - l2->map_base), HDR_BYTES + it->len, false);
 	return 0;
 }
 
@@ -331,7 +297,7 @@ static int write_batch(kvs_l2 *l2, l2_item *batch, uint32_t nb, const kvs_objkey
 	    (rc = kvs__l2_meta_put(txn, l2->meta, "clock", l2->clock)))
 		goto abort;
 	if (l2->map_base)
-		writeback_kick(l2, 0, 0, true);
+		kvs__l2_writeback_kick(l2, 0, 0, true);
 	if (n_objects) {
 		int f = atomic_exchange(&l2->inject, KVS_L2_INJECT_NONE);
 		if (f == KVS_L2_INJECT_KILL)
@@ -543,87 +509,6 @@ static void rtxn_end(kvs_l2 *l2, MDB_txn *txn)
 	pthread_rwlock_unlock(&l2->maplock);
 }
 
-/* pread all of [buf, buf+n) from the data file at off; 0 or an errno. */
-static int pread_full(int fd, void *buf, uint64_t n, off_t off)
-{
-	for (uint64_t done = 0; done < n;) {
-		ssize_t r = pread(fd, (uint8_t *)buf + done, n - done, off + (off_t)done);
-		if (r < 0 && errno == EINTR)
-			continue;
-		if (r <= 0)
-			return r < 0 ? errno : EIO;
-		done += (uint64_t)r;
-	}
-	return 0;
-}
-
-/* One object into its L1 reservation, checksum verified (reader thread, in
- * a read transaction: the snapshot keeps the record's pages from reuse).
- * The header and the data are read with pread at the record's offset in
- * data.mdb (the map is the whole file from offset 0), not through the
- * mapping: touching the map costs a page fault per 4 KiB page in a process
- * that did not write it (a fresh map after a restart, or data the writer
- * put with pwrite), which made reads 0.15-0.25 of a plain read() (issue 18).
- * The data lands in the destination in slices of READ_SLICE bytes and each
- * slice is hashed right after, while it is in cache. Without a known map
- * base (no WRITEMAP mapping found) the same is done with memcpy from the
- * map. */
-static int read_one(kvs_l2 *l2, MDB_txn *txn, l2_item *it, kvs_record_hasher *xs)
-{
-	MDB_val k = {sizeof(it->key), &it->key}, v;
-	int rc = mdb_get(txn, l2->obj, &k, &v);
-	if (rc) {
-		if (rc != MDB_NOTFOUND)
-			kvs__l2_note_error(l2, rc, "read");
-		return KVS_E_MISS;
-	}
-	const uint8_t *rec = v.mv_data;
-	bool by_file = l2->map_base && l2->fd >= 0;
-	off_t foff = by_file ? (off_t)(rec - l2->map_base) : 0;
-	l2_hdr h;
-	uint8_t hb[HDR_BYTES];
-	int c;
-	if (by_file && v.mv_size >= HDR_BYTES) {
-		if ((rc = pread_full(l2->fd, hb, HDR_BYTES, foff)) != 0) {
-			kvs_warn_rl(&l2->rl_bad, "L2 %s: read failed: %s", l2->path, strerror(rc));
-			return KVS_E_MISS;
-		}
-		c = kvs_record_check(hb, v.mv_size, &it->key, it->geom, &h);
-	} else {
-		c = kvs__l2_check_hdr(&v, &it->key, it->geom, &h);
-	}
-	if (c == HDR_BAD || c == HDR_KEY) {
-		kvs__l2_drop_found(l2, &it->key, &v, c);
-		return KVS_E_MISS;
-	}
-	if (c == HDR_GEOM || h.len != it->len) {
-		pthread_mutex_lock(&l2->mu);
-		l2->st.header_mismatches++;
-		pthread_mutex_unlock(&l2->mu);
-		return KVS_E_MISS;
-	}
-	uint8_t *dst = it->dst;
-	kvs_record_hasher_reset(xs, kvs_record_seed(&h, &it->key));
-	for (uint64_t off = 0; off < h.len;) {
-		uint64_t n = h.len - off < READ_SLICE ? h.len - off : READ_SLICE;
-		if (by_file) {
-			if ((rc = pread_full(l2->fd, dst + off, n, foff + HDR_BYTES + (off_t)off)) != 0) {
-				kvs_warn_rl(&l2->rl_bad, "L2 %s: read failed: %s", l2->path, strerror(rc));
-				return KVS_E_MISS;
-			}
-		} else {
-			memcpy(dst + off, rec + HDR_BYTES + off, n);
-		}
-		kvs_record_hasher_update(xs, dst + off, n);
-		off += n;
-	}
-	if (kvs_record_hasher_digest(xs) != h.checksum) {
-		kvs__l2_drop_found(l2, &it->key, &v, HDR_OK);
-		return KVS_E_MISS;
-	}
-	return 0;
-}
-
 static void *reader_main(void *arg)
 {
 	kvs_l2 *l2 = arg;
@@ -641,7 +526,7 @@ static void *reader_main(void *arg)
 		MDB_txn *txn;
 		int r = xs ? rtxn_begin(l2, &txn) : KVS_E_INTERNAL;
 		if (r == 0) {
-			r = read_one(l2, txn, it, xs);
+			r = kvs__l2_read_record(l2, txn, &it->key, it->geom, it->dst, it->len, xs);
 			rtxn_end(l2, txn);
 		} else {
 			r = KVS_E_MISS;

@@ -1,9 +1,9 @@
 /* kvs_l2 internals shared by the files of the L2 tier — not an API:
  * kvs_l2.c (queues, writer and reader threads, open and close, the owner
- * API), kvs_l2_db.c (record headers, metadata counts, LRU stamps,
- * eviction), kvs_l2_env.c (opening the environment, crash-loop detection,
- * setting a corrupt one aside) and kvs_l2_disk.c (the map and the disk
- * blocks under it). */
+ * API), kvs_l2_db.c (record headers, reading a record into L1, metadata
+ * counts, LRU stamps, eviction), kvs_l2_env.c (opening the environment,
+ * crash-loop detection, setting a corrupt one aside) and kvs_l2_disk.c (the
+ * map and the disk blocks under it, writeback ahead of the commit). */
 #ifndef KVS_L2_IMPL_H
 #define KVS_L2_IMPL_H
 
@@ -119,6 +119,11 @@ int kvs__l2_meta_put(MDB_txn *txn, MDB_dbi dbi, const char *name, uint64_t x);
 uint64_t kvs__l2_del_object(kvs_l2 *l2, MDB_txn *txn, const kvs_objkey *key);
 int kvs__l2_stamp(kvs_l2 *l2, MDB_txn *txn, const kvs_objkey *key);
 uint64_t kvs__l2_used_bytes(kvs_l2 *l2, MDB_txn *txn);
+/* Reads the object under key into dst (len bytes), verified (header, key,
+ * geometry, checksum); 0, KVS_E_MISS or KVS_E_INTERNAL. xs: the calling
+ * reader thread's hasher. */
+int kvs__l2_read_record(kvs_l2 *l2, MDB_txn *txn, const kvs_objkey *key, uint64_t geom, void *dst, uint64_t len,
+			kvs_record_hasher *xs);
 uint64_t kvs__l2_obj_pages(const kvs_l2 *l2, uint64_t len);
 int kvs__l2_evict_to(kvs_l2 *l2, MDB_txn *txn, uint64_t *bytes, uint64_t *objects, uint64_t target,
 		     uint64_t page_target, uint64_t max_freed, uint64_t *evicted);
@@ -146,5 +151,8 @@ uint64_t kvs__l2_round_pages(const kvs_l2 *l2, uint64_t x);
 void kvs__l2_set_capacity(kvs_l2 *l2);
 void kvs__l2_disk_reserve(kvs_l2 *l2, uint64_t incoming);
 void kvs__l2_disk_open(kvs_l2 *l2);
+/* Writer: starts writeback of the record at file offset off (len bytes),
+ * gathering contiguous records into runs; flush starts what is gathered. */
+void kvs__l2_writeback_kick(kvs_l2 *l2, uint64_t off, uint64_t len, bool flush);
 
 #endif
