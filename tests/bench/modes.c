@@ -975,7 +975,7 @@ int kvb_mode_writebehind(const kvb_opts *o)
 	snprintf(nm, sizeof(nm), "l2 write-behind commit rate during sustained stores (%u %s ranks, %llu MiB objects)",
 		 cc.ranks, o->gpu_ranks ? "GPU" : "host-memory", (unsigned long long)(obj >> 20));
 	kvb_result(nm, commit, "GB/s", raw, ">= 0.80 x raw write + fsync");
-	kvb_result("l2 write-behind: store rate offered (same window)", (double)stored * obj / win / 1e9, "GB/s", raw, "");
+	kvb_result("l2 write-behind: store rate offered (same window)", (double)stored * obj / win / 1e9, "GB/s", 0, "");
 	kvb_result("l2 write-behind: objects dropped of those stored", (double)d2, "objects", (double)stored, "");
 	kvb_note("writebehind: %u s of back-to-back store jobs (8 objects each) by %u ranks through a %llu MiB L1 "
 		 "(--l2-sync full); %llu objects stored, %llu committed and %llu dropped in the window (%llu group "
