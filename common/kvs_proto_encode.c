@@ -102,7 +102,10 @@ static int encode_field(msgpack_packer *pk, const fdesc *f, const char *base)
 		case F_ENUMS: {
 			const char *const *names = f->aux;
 			uint8_t v = ((const uint8_t *)arr)[i];
-			const char *s = v < 2 ? names[v] : names[0];
+			uint8_t n_names = 0;
+			while (names[n_names])
+				n_names++;
+			const char *s = v < n_names ? names[v] : names[0];
 			r |= pack_str(pk, s, strlen(s));
 			break;
 		}

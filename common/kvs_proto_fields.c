@@ -13,7 +13,7 @@ static const char *const devtype_names[] = {"host", "cuda", NULL};
 static const char *const kind_names[] = {"attention", "recurrent", NULL};
 static const char *const status_names[] = {"ok", "failed", NULL};
 static const char *const state_names[] = {"open", "committed", "aborted", "unknown", NULL};
-static const char *const tier_names[] = {"l1", "l2", NULL};
+static const char *const tier_names[] = {"l1", "l2", "l3", NULL};
 static const char *const admin_cmd_names[] = {"status", "drain", "resume", "clear", NULL};
 
 #define M(f) ((uint16_t)offsetof(kvs_msg, f))
@@ -208,7 +208,7 @@ const char *kvs_job_state_name(int s)
 	return (s >= 0 && s <= KVS_JOB_UNKNOWN) ? state_names[s] : "?";
 }
 
-const char *kvs_tier_name(int t) { return (t == KVS_TIER_L1 || t == KVS_TIER_L2) ? tier_names[t] : "?"; }
+const char *kvs_tier_name(int t) { return (t >= KVS_TIER_L1 && t <= KVS_TIER_L3) ? tier_names[t] : "?"; }
 
 const char *kvs_admin_cmd_name(int c)
 {

@@ -13,6 +13,7 @@
 #include <yaml.h>
 
 #include "kvs_l2.h"
+#include "kvs_l3.h"
 #include "kvs_log.h"
 #include "server.h"
 
@@ -66,6 +67,21 @@ static const kvs_config_key keys[] = {
 	{"l2-sync", KVS_CFG_SYNC, F(l2_sync), 0, 0, 0, "MODE",
 	 "full: fsync every group commit; nometa: power loss may lose the last commit; none: "
 	 "process crashes lose nothing committed, power loss may lose recent commits"},
+	{"l3-redis", KVS_CFG_STR, STRF(l3_redis), 0, 0, "HOST:PORT[,...]",
+	 "seed nodes of the Redis Cluster holding the shared L3 tier (\"\": no L3)"},
+	{"l3-user", KVS_CFG_STR, STRF(l3_user), 0, 0, "USER", "ACL user for the L3 cluster (\"\": the password alone)"},
+	{"l3-password", KVS_CFG_STR, STRF(l3_password), 0, 0, "PASSWORD",
+	 "password for the L3 cluster, sent in clear (no TLS): keep the cluster on a private network"},
+	{"l3-prefix", KVS_CFG_STR, STRF(l3_prefix), 0, 0, "TEXT",
+	 "prefix of kvside's keys in the L3 cluster (servers sharing a cache use the same)"},
+	{"l3-write", KVS_CFG_L3WRITE, F(l3_write), 0, 0, 0, "POLICY",
+	 "all: write every stored chunk behind to L3; none: read only; second-hit: at its second use"},
+	{"l3-part-bytes", KVS_CFG_SIZE, F(l3_part_bytes), 0, 64ull << 10, 512ull << 20, "BYTES",
+	 "largest L3 value (a power of two); larger objects are split into parts"},
+	{"l3-timeout-ms", KVS_CFG_MS, F(l3_timeout_ms), 0, 1, 60000, "MS",
+	 "one wait for an L3 node; one L3 call takes at most twice this"},
+	{"l3-lookup-ms", KVS_CFG_MS, F(l3_lookup_ms), 0, 1, 60000, "MS",
+	 "a lookup waits at most this long for L3 before answering from L1 and L2 alone"},
 	{"metrics-listen", KVS_CFG_STR, STRF(metrics_listen), 0, 0, "HOST:PORT",
 	 "HTTP endpoint for /metrics and /healthz (\"\" or off: disabled; port 0: any free port)"},
 	{"metrics-stall-ms", KVS_CFG_MS, F(metrics_stall_ms), 0, 1, DAY_MS, "MS",
@@ -94,6 +110,9 @@ _Static_assert(KVS_LOG_ERROR == 0 && KVS_LOG_DEBUG == 3, "level_names follows en
 static const char *const logfmt_names[] = {"text", "json"};
 _Static_assert(KVS_LOG_TEXT == 0 && KVS_LOG_JSON == 1, "logfmt_names follows enum kvs_log_format");
 static const char *const sync_names[] = {"full", "nometa", "none"};
+static const char *const l3write_names[] = {"all", "none", "second-hit"};
+_Static_assert(KVS_L3_WRITE_ALL == 0 && KVS_L3_WRITE_NONE == 1 && KVS_L3_WRITE_SECOND_HIT == 2,
+	       "l3write_names follows enum kvs_l3_write_policy");
 _Static_assert(KVS_L2_SYNC_FULL == 0 && KVS_L2_SYNC_NOMETA == 1 && KVS_L2_SYNC_NONE == 2,
 	       "sync_names follows enum kvs_l2_sync");
 
@@ -292,6 +311,13 @@ int kvs_config_set(kvs_server_config *cfg, const char *name, const char *value, 
 		memcpy(field, &m, sizeof(m));
 		return 0;
 	}
+	case KVS_CFG_L3WRITE: {
+		int m = index_of(l3write_names, 3, value);
+		if (m < 0)
+			return BAD("%s: '%s' is not one of all, none, second-hit", k->name, value);
+		memcpy(field, &m, sizeof(m));
+		return 0;
+	}
 	case KVS_CFG_BOOL: {
 		int b = parse_bool(value);
 		if (b < 0)
@@ -352,6 +378,10 @@ void kvs_config_format(const kvs_server_config *cfg, const kvs_config_key *k, ch
 	case KVS_CFG_SYNC:
 		memcpy(&i, field, sizeof(i));
 		snprintf(buf, cap, "%s", i >= 0 && i < 3 ? sync_names[i] : "full");
+		return;
+	case KVS_CFG_L3WRITE:
+		memcpy(&i, field, sizeof(i));
+		snprintf(buf, cap, "%s", i >= 0 && i < 3 ? l3write_names[i] : "all");
 		return;
 	case KVS_CFG_BOOL:
 		snprintf(buf, cap, "%s", *(const bool *)field ? "true" : "false");

@@ -23,6 +23,7 @@ enum kvs_config_type {
 	KVS_CFG_SYNC,  /* full, nometa, none */
 	KVS_CFG_LOGFMT, /* text, json */
 	KVS_CFG_BOOL,  /* true/false (also yes/no, on/off, 1/0) */
+	KVS_CFG_L3WRITE, /* all, none, second-hit */
 };
 
 typedef struct kvs_config_key {

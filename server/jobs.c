@@ -18,6 +18,7 @@
 #include "keys.h"
 #include "kvs_l1.h"
 #include "kvs_l2.h"
+#include "writeback.h"
 #include "kvs_log.h"
 #include "kvs_time.h"
 #include "plan.h"
@@ -107,15 +108,8 @@ struct kvs_jobs {
 static uint64_t shed_writes(void *arg, uint64_t bytes)
 {
 	kvs_server *srv = arg;
-	if (!srv->l2)
-		return 0;
-	void *cookies[256];
-	uint64_t freed = 0;
-	uint32_t n = kvs_l2_shed(srv->l2, bytes, cookies, 256);
-	for (uint32_t i = 0; i < n; i++) {
-		freed += kvs_l1_len(cookies[i]);
-		kvs_l1_unpin(srv->l1, cookies[i]); /* the write-behind pin */
-	}
+	uint32_t n = 0;
+	uint64_t freed = kvs_writeback_shed(srv, bytes, &n);
 	srv->jobs->st.writes_shed += n;
 	return freed;
 }
@@ -273,14 +267,7 @@ static void part_release(kvs_server *srv, kvs_part *p, bool commit)
 				kvs_events_stored_as(srv->events, kvs_l1_key(p->objs[i]),
 						     chunk_tokens(p->reg, p->objs[i]), KVS_TIER_EV_L1,
 						     p->evh ? p->evh + (size_t)i * KVS_KEY_BYTES : NULL);
-				if (srv->l2) {
-					/* written behind; pinned until the writer has copied it */
-					kvs_l1_obj *o = p->objs[i];
-					kvs_l1_pin(srv->l1, o);
-					if (kvs_l2_write_in(srv->l2, kvs_l1_key(o), p->geoms[i], kvs_l1_data(o), kvs_l1_len(o),
-							    o, J->write_group, p->chunk[i]) != 0)
-						kvs_l1_unpin(srv->l1, o);
-				}
+				kvs_writeback_stored(srv, p->objs[i], p->geoms[i], J->write_group, p->chunk[i]);
 			} else {
 				kvs_l1_abort(srv->l1, p->objs[i]);
 			}
@@ -477,7 +464,7 @@ static int source_present(void *arg, const kvs_objkey *key, const kvs_reg_group 
 {
 	source_ctx *c = arg;
 	kvs_l1_obj *o;
-	return kvs_promote_locate(c->srv->promote, key, G->geom, G->obj_bytes, &o);
+	return kvs_promote_locate(c->srv->promote, key, G->geom, G->obj_bytes, &o, NULL);
 }
 
 static void part_promoted(kvs_server *srv, kvs_part *p);
@@ -519,7 +506,8 @@ static int source_fetch(void *arg, kvs_plan *pl, const kvs_objkey *key, const kv
 		return KVS_E_INTERNAL;
 	c->p->promotes_pending++;
 	*src = kvs_l1_data(target);
-	kvs_l2_touch(srv->l2, key);
+	if (srv->l2)
+		kvs_l2_touch(srv->l2, key);
 	return 0;
 }
 

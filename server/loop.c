@@ -33,6 +33,7 @@
 #include "jobs.h"
 #include "kvs_l1.h"
 #include "kvs_l2.h"
+#include "kvs_l3.h"
 #include "lookup.h"
 #include "promote.h"
 #include "registry.h"
@@ -72,6 +73,10 @@ void kvs_server_config_defaults(kvs_server_config *cfg)
 	cfg->l2_size = 16ull << 30;
 	cfg->l1_prefault = true;
 	cfg->l2_sync = 0; /* KVS_L2_SYNC_FULL */
+	snprintf(cfg->l3_prefix, sizeof(cfg->l3_prefix), "kvside:");
+	cfg->l3_part_bytes = 8ull << 20;
+	cfg->l3_timeout_ms = 200;
+	cfg->l3_lookup_ms = 100;
 	snprintf(cfg->metrics_listen, sizeof(cfg->metrics_listen), "127.0.0.1:9464");
 	cfg->metrics_stall_ms = 2000;
 	cfg->kv_events_buffer = 10000;
@@ -119,6 +124,48 @@ static void l2_done(void *arg, const kvs_l2_done *d)
 	} else if (d->op == KVS_L2_READ) {
 		kvs_promote_done(srv->promote, d->cookie, d->result);
 	}
+}
+
+/* An L3 request ended (completion queue). */
+static void l3_done(void *arg, const kvs_l3_done *d)
+{
+	kvs_server *srv = arg;
+	if (d->op == KVS_L3_WRITE)
+		kvs_l1_unpin(srv->l1, d->cookie); /* written (or dropped): the write-behind pin */
+	else if (d->op == KVS_L3_READ)
+		kvs_promote_done(srv->promote, d->cookie, d->result);
+	else if (d->op == KVS_L3_PROBE)
+		kvs_lookup_l3_done(srv, d->cookie, d->result);
+}
+
+static int l3_open(kvs_server *srv)
+{
+	kvs_l3_config c;
+	kvs_l3_config_defaults(&c);
+	c.backend = kvs_l3_redis_backend();
+	c.seeds = srv->cfg.l3_redis;
+	c.user = srv->cfg.l3_user;
+	c.password = srv->cfg.l3_password;
+	c.prefix = srv->cfg.l3_prefix;
+	c.timeout_ms = (uint32_t)srv->cfg.l3_timeout_ms;
+	c.part_bytes = srv->cfg.l3_part_bytes;
+	c.write_policy = srv->cfg.l3_write;
+	/* pending writes pin L1 objects, as L2's do: well below L1 */
+	if (c.queue_max_bytes > srv->cfg.l1_size / 4)
+		c.queue_max_bytes = srv->cfg.l1_size / 4;
+	c.cq = srv->cq;
+	c.on_done = l3_done;
+	c.done_arg = srv;
+	char err[256] = "";
+	int r = kvs_l3_open(&c, &srv->l3, err, sizeof(err));
+	if (r < 0)
+		kvs_err("l3: %s", err);
+	else
+		kvs_info("L3 tier: Redis Cluster at %s, prefix \"%s\", write %s, parts of %llu KiB", c.seeds, c.prefix,
+			 c.write_policy == KVS_L3_WRITE_ALL ? "all" : c.write_policy == KVS_L3_WRITE_NONE ? "none"
+												  : "second-hit",
+			 (unsigned long long)(c.part_bytes >> 10));
+	return r;
 }
 
 static void modules_fini(kvs_server *srv);
@@ -174,7 +221,9 @@ static int modules_init(kvs_server *srv)
 		if ((r = kvs_l2_open(&l2c, &srv->l2)) < 0)
 			goto fail;
 	}
-	if ((r = kvs_promote_create(srv->l1, srv->l2, &srv->promote)) < 0)
+	if (srv->cfg.l3_redis[0] && (r = l3_open(srv)) < 0)
+		goto fail;
+	if ((r = kvs_promote_create(srv->l1, srv->l2, srv->l3, &srv->promote)) < 0)
 		goto fail;
 	if ((r = kvs_lookup_create(&srv->lookup)) < 0)
 		goto fail;
@@ -206,7 +255,9 @@ static void modules_fini(kvs_server *srv)
 	srv->promote = NULL;
 	kvs_copy_pool_destroy(srv->pool);
 	srv->pool = NULL;
-	/* queued L2 writes still read L1 memory: close L2 before L1 goes */
+	/* queued L2 and L3 writes still read L1 memory: close both before L1 goes */
+	kvs_l3_close(srv->l3);
+	srv->l3 = NULL;
 	kvs_l2_close(srv->l2);
 	srv->l2 = NULL;
 	kvs_registry_destroy(srv->reg);

@@ -1,4 +1,4 @@
-/* L2 -> L1 promotions; see promote.h. */
+/* L2 -> L1 and L3 -> L1 promotions; see promote.h. */
 #include "promote.h"
 
 #include <errno.h>
@@ -6,6 +6,7 @@
 
 #include "kvs_error.h"
 #include "kvs_htab.h"
+#include "kvs_types.h"
 
 typedef struct waiter {
 	kvs_promote_cb cb;
@@ -24,17 +25,19 @@ typedef struct promo {
 struct kvs_promote {
 	kvs_l1 *l1;
 	kvs_l2 *l2;
+	kvs_l3 *l3;
 	kvs_htab *running; /* promo by object key */
 	kvs_promote_stats st;
 };
 
-int kvs_promote_create(kvs_l1 *l1, kvs_l2 *l2, kvs_promote **ret)
+int kvs_promote_create(kvs_l1 *l1, kvs_l2 *l2, kvs_l3 *l3, kvs_promote **ret)
 {
 	kvs_promote *p = calloc(1, sizeof(*p));
 	if (!p)
 		return -ENOMEM;
 	p->l1 = l1;
 	p->l2 = l2;
+	p->l3 = l3;
 	int r = kvs_htab_create(sizeof(kvs_objkey), offsetof(promo, key), &p->running);
 	if (r) {
 		free(p);
@@ -52,9 +55,24 @@ void kvs_promote_destroy(kvs_promote *p)
 	free(p);
 }
 
-int kvs_promote_locate(kvs_promote *p, const kvs_objkey *key, uint64_t geom, uint64_t want_len,
-		       kvs_l1_obj **ret_l1)
+/* The tier a promotion of key would read: KVS_TIER_L2, KVS_TIER_L3, or -1. */
+static int source_tier(kvs_promote *p, const kvs_objkey *key, uint64_t geom, uint64_t want_len)
 {
+	uint64_t len = 0;
+	if (p->l2 && kvs_l2_contains(p->l2, key, geom, &len) == 0 && len == want_len)
+		return KVS_TIER_L2;
+	if (p->l3 && kvs_l3_known(p->l3, key, geom, want_len))
+		return KVS_TIER_L3;
+	return -1;
+}
+
+int kvs_promote_locate(kvs_promote *p, const kvs_objkey *key, uint64_t geom, uint64_t want_len,
+		       kvs_l1_obj **ret_l1, int *ret_tier)
+{
+	int tier_none;
+	if (!ret_tier)
+		ret_tier = &tier_none;
+	*ret_tier = KVS_TIER_L1;
 	*ret_l1 = kvs_l1_get(p->l1, key);
 	if (*ret_l1) {
 		/* an object of another layout (the namespace re-registered with a
@@ -66,12 +84,14 @@ int kvs_promote_locate(kvs_promote *p, const kvs_objkey *key, uint64_t geom, uin
 		return 0;
 	}
 	const promo *pr = kvs_htab_get(p->running, key);
+	*ret_tier = KVS_TIER_L2;
 	if (pr) /* being promoted right now: usable only with the same layout */
 		return pr->geom == geom && kvs_l1_len(pr->obj) == want_len ? 0 : KVS_E_MISS;
-	uint64_t len = 0;
-	if (p->l2 && kvs_l2_contains(p->l2, key, geom, &len) == 0 && len == want_len)
-		return 0;
-	return KVS_E_MISS;
+	int t = source_tier(p, key, geom, want_len);
+	if (t < 0)
+		return KVS_E_MISS;
+	*ret_tier = t;
+	return 0;
 }
 
 kvs_l1_obj *kvs_promote_start(kvs_promote *p, const kvs_objkey *key, uint64_t geom, uint64_t len, int *err)
@@ -86,7 +106,10 @@ kvs_l1_obj *kvs_promote_start(kvs_promote *p, const kvs_objkey *key, uint64_t ge
 		}
 		return pr->obj;
 	}
-	if (!p->l2) {
+	int tier = source_tier(p, key, geom, len);
+	if (tier < 0 && p->l2)
+		tier = KVS_TIER_L2; /* not seen there now; the read says (a miss fails the waiters) */
+	if (tier < 0) {
 		*err = KVS_E_MISS;
 		return NULL;
 	}
@@ -104,7 +127,10 @@ kvs_l1_obj *kvs_promote_start(kvs_promote *p, const kvs_objkey *key, uint64_t ge
 		*err = r == KVS_E_NOSPACE ? KVS_E_NOSPACE : r == -EBUSY ? KVS_E_MISS : KVS_E_INTERNAL;
 		return NULL;
 	}
-	if (kvs_htab_put(p->running, pr) < 0 || kvs_l2_read(p->l2, key, geom, kvs_l1_data(pr->obj), len, pr) != 0) {
+	int rr = kvs_htab_put(p->running, pr) < 0 ? -ENOMEM
+		 : tier == KVS_TIER_L2 ? kvs_l2_read(p->l2, key, geom, kvs_l1_data(pr->obj), len, pr)
+		 : kvs_l3_read(p->l3, key, geom, kvs_l1_data(pr->obj), len, pr);
+	if (rr != 0) {
 		kvs_htab_del(p->running, key);
 		kvs_l1_abort(p->l1, pr->obj);
 		free(pr);
@@ -112,6 +138,7 @@ kvs_l1_obj *kvs_promote_start(kvs_promote *p, const kvs_objkey *key, uint64_t ge
 		return NULL;
 	}
 	p->st.promotions++;
+	p->st.promotions_l3 += tier == KVS_TIER_L3;
 	return pr->obj;
 }
 

@@ -48,6 +48,14 @@ typedef struct kvs_server_config {
 	char l2_path[256];      /* LMDB environment directory; "" = no L2 tier */
 	uint64_t l2_size;       /* LMDB map size */
 	int l2_sync;            /* enum kvs_l2_sync */
+	char l3_redis[512];     /* Redis Cluster seeds of the L3 tier; "" = no L3 */
+	char l3_user[128];
+	char l3_password[256];
+	char l3_prefix[64];     /* key prefix in the cluster */
+	int l3_write;           /* enum kvs_l3_write_policy */
+	uint64_t l3_part_bytes; /* largest L3 value; larger objects are split */
+	uint64_t l3_timeout_ms; /* one wait for a node (a call: twice) */
+	uint64_t l3_lookup_ms;  /* a lookup's longest wait for L3 */
 	bool l1_prefault;       /* fault the arena in at start (background) */
 	bool allow_unsealed;    /* accept memfds that cannot get F_SEAL_SHRINK (copies guarded) */
 	char metrics_listen[128]; /* HOST:PORT of the metrics/health HTTP endpoint; "" = off */
@@ -151,6 +159,7 @@ struct kvs_server {
 	struct kvs_jobs *jobs;
 	struct kvs_l1 *l1;
 	struct kvs_l2 *l2; /* NULL without --l2-path */
+	struct kvs_l3 *l3; /* NULL without --l3-redis */
 	struct kvs_copy_pool *pool;
 	struct kvs_cuda_engine *cuda; /* NULL without a GPU */
 	struct kvs_promote *promote;  /* L2 -> L1 promotions */

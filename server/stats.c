@@ -11,11 +11,56 @@
 #include "jobs.h"
 #include "kvs_l1.h"
 #include "kvs_l2.h"
+#include "kvs_l3.h"
 #include "lookup.h"
 #include "promote.h"
 #include "registry.h"
 #include "reply.h"
 #include "stats.h"
+
+/* The L3 tier's counters (after n entries of c); returns the new count. */
+static uint32_t l3_collect(kvs_server *srv, const kvs_lookup_stats *lsp, const kvs_promote_stats *psp,
+			   kvs_counter *c, uint32_t n)
+{
+	kvs_lookup_stats ls = *lsp;
+	kvs_promote_stats ps = *psp;
+#define C(nm, val) c[n++] = (kvs_counter){kvs_str_c(nm), (uint64_t)(val)}
+	kvs_l3_stats l3 = {0};
+	if (srv->l3)
+		kvs_l3_get_stats(srv->l3, &l3);
+	C("l3_enabled", srv->l3 != NULL);
+	C("l3_connected", l3.connected);
+	C("l3_lookups_deferred", ls.l3_deferred);
+	C("l3_lookup_timeouts", ls.l3_timeouts);
+	C("l3_lookups_skipped", ls.l3_skipped);
+	C("l3_lookups_waiting", ls.l3_waiting);
+	C("l3_probes", l3.probes);
+	C("l3_probe_keys", l3.probe_keys);
+	C("l3_probe_hits", l3.probe_hits);
+	C("l3_probe_errors", l3.probe_errors);
+	C("l3_probe_us", l3.probe_ns / 1000);
+	C("l3_reads", l3.reads);
+	C("l3_read_bytes", l3.read_bytes);
+	C("l3_read_misses", l3.read_misses);
+	C("l3_read_errors", l3.read_errors);
+	C("l3_read_us", l3.read_ns / 1000);
+	C("l3_corrupt", l3.corrupt);
+	C("l3_promotions", ps.promotions_l3);
+	C("l3_writes", l3.writes);
+	C("l3_write_bytes", l3.write_bytes);
+	C("l3_write_errors", l3.write_errors);
+	C("l3_write_drops", l3.write_drops);
+	C("l3_write_us", l3.write_ns / 1000);
+	C("l3_queue_depth", l3.queue_depth);
+	C("l3_queue_bytes", l3.queue_bytes);
+	C("l3_moved", l3.moved);
+	C("l3_ask", l3.ask);
+	C("l3_refreshes", l3.refreshes);
+	C("l3_nodes_down", l3.nodes_down);
+	C("l3_timeouts", l3.timeouts);
+#undef C
+	return n;
+}
 
 uint32_t kvs__stats_collect(kvs_server *srv, kvs_counter *c, char (*names)[32])
 {
@@ -57,8 +102,9 @@ uint32_t kvs__stats_collect(kvs_server *srv, kvs_counter *c, char (*names)[32])
 	C("lookup_keys", ls.keys);
 	C("hits", ls.hits);
 	C("misses", ls.keys - ls.hits);
-	C("hits_l1", ls.hits - ls.hits_l2);
+	C("hits_l1", ls.hits - ls.hits_l2 - ls.hits_l3);
 	C("hits_l2", ls.hits_l2);
+	C("hits_l3", ls.hits_l3);
 	C("l2_promotions", ps.promotions);
 	C("l2_promotion_failures", ps.failures);
 	C("l2_prefetches", ls.prefetches);
@@ -99,6 +145,7 @@ uint32_t kvs__stats_collect(kvs_server *srv, kvs_counter *c, char (*names)[32])
 	C("l2_map_full_retries", l2.map_full_retries);
 	C("l2_disk_full", l2.disk_full);
 	C("l2_corrupt_recoveries", l2.corrupt_recoveries);
+	n = l3_collect(srv, &ls, &ps, c, n);
 	C("broker_accepted", srv->st.broker_accepted);
 	C("broker_rejected", srv->st.broker_rejected);
 	C("broker_parked", srv->st.broker_parked);

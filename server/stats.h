@@ -7,7 +7,7 @@
 /* The counters `stats` reports (and /metrics exports): fills c (at least
  * KVS_STATS_MAX entries; names of the errors.* entries are written to names,
  * which must outlive c) and returns how many. */
-#define KVS_STATS_MAX 160
+#define KVS_STATS_MAX 200
 uint32_t kvs__stats_collect(kvs_server *srv, kvs_counter *c, char (*names)[32]);
 int kvs__op_stats(kvs_server *srv, kvs_session *s, const kvs_msg *rq);
 

@@ -508,6 +508,42 @@ int kvs_rcluster_get(kvs_rcluster *c, const void *key, size_t klen, void *buf, s
 	return done(c, rc);
 }
 
+int kvs_rcluster_getv(kvs_rcluster *c, const void *key, size_t klen, const struct iovec *iov, int iovcnt,
+		      size_t *ret_len)
+{
+	const char *argv[2] = {"GET", bytes(key)};
+	size_t lens[2] = {3, klen};
+	size_t cap = 0;
+	for (int i = 0; i < iovcnt; i++)
+		cap += iov[i].iov_len;
+	redisReply *r;
+	CNT(c, calls, 1);
+	int rc = run(c, kvs_rcluster_keyslot(key, klen), 2, argv, lens, klen, &r);
+	if (rc)
+		return done(c, rc);
+	if (r->type == REDIS_REPLY_NIL) {
+		rc = KVS_E_MISS;
+	} else if (r->type != REDIS_REPLY_STRING) {
+		return done(c, unexpected(c, "GET", r));
+	} else {
+		CNT(c, bytes_in, r->len);
+		if (r->len > cap) {
+			kvs__rcl_set_err(c, "value of %zu bytes, buffers of %zu", r->len, cap);
+			rc = KVS_E_LIMIT;
+		} else {
+			size_t off = 0;
+			for (int i = 0; i < iovcnt && off < r->len; i++) {
+				size_t m = r->len - off < iov[i].iov_len ? r->len - off : iov[i].iov_len;
+				memcpy(iov[i].iov_base, r->str + off, m);
+				off += m;
+			}
+		}
+		*ret_len = r->len;
+	}
+	freeReplyObject(r);
+	return done(c, rc);
+}
+
 int kvs_rcluster_del(kvs_rcluster *c, const void *key, size_t klen)
 {
 	const char *argv[2] = {"DEL", bytes(key)};
@@ -541,6 +577,11 @@ enum { X_PENDING, X_DONE };
 typedef struct xcall {
 	kvs_rcluster *c;
 	xkey *x;
+	/* head_many: up to hlen bytes of each value into bufs[i], its length to
+	 * lens[i] (0: absent); exists_many: hlen 0, bufs NULL */
+	size_t hlen;
+	void *const *bufs;
+	size_t *lens;
 	size_t left; /* keys still X_PENDING */
 	int first;   /* first failure; its text: */
 	char first_err[sizeof(((kvs_rcluster *)0)->err)];
@@ -589,8 +630,17 @@ static void x_collect(kvs_rcluster *c, xcall *xc, uint32_t ni, uint32_t head, in
 			return;
 		}
 		c->nodes[ni].used = true, c->nodes[ni].fails = 0;
-		if (r->type == REDIS_REPLY_INTEGER) {
+		if (!xc->bufs && r->type == REDIS_REPLY_INTEGER) {
 			out[i] = r->integer > 0;
+			k->state = X_DONE;
+			xc->left--;
+		} else if (xc->bufs && r->type == REDIS_REPLY_STRING) {
+			size_t n = r->len < xc->hlen ? r->len : xc->hlen; /* GETRANGE never sends more */
+			if (n)
+				memcpy(xc->bufs[i], r->str, n);
+			xc->lens[i] = n;
+			out[i] = n > 0;
+			CNT(c, bytes_in, n);
 			k->state = X_DONE;
 			xc->left--;
 		} else if (r->type == REDIS_REPLY_ERROR) {
@@ -616,24 +666,30 @@ static void x_collect(kvs_rcluster *c, xcall *xc, uint32_t ni, uint32_t head, in
 				}
 			}
 		} else {
-			kvs__rcl_set_err(c, "EXISTS: unexpected reply type %d", r->type);
+			kvs__rcl_set_err(c, "%s: unexpected reply type %d", xc->bufs ? "GETRANGE" : "EXISTS", r->type);
 			x_fail(xc, i, -EPROTO);
 		}
 		freeReplyObject(r);
 	}
 }
 
-int kvs_rcluster_exists_many(kvs_rcluster *c, const void *const *keys, const size_t *klens, size_t n,
-			     bool *out)
+/* exists_many and head_many: one pipelined round per node, then the
+ * redirected and retried keys again. */
+static int many(kvs_rcluster *c, const void *const *keys, const size_t *klens, size_t n, bool *out,
+		size_t hlen, void *const *bufs, size_t *lens)
 {
 	static const char *ask_argv[1] = {"ASKING"};
 	static const size_t ask_len[1] = {6};
 	CNT(c, calls, 1);
+	for (size_t i = 0; lens && i < n; i++)
+		lens[i] = 0;
 	if (n == 0)
 		return 0;
 	assert(n < X_END);
+	char range_end[24];
+	snprintf(range_end, sizeof(range_end), "%zu", hlen ? hlen - 1 : 0);
 	int64_t deadline = kvs__rcl_now_ms() + c->cfg.op_timeout_ms;
-	xcall xc = {.c = c, .x = calloc(n, sizeof(xkey)), .left = n};
+	xcall xc = {.c = c, .x = calloc(n, sizeof(xkey)), .left = n, .hlen = hlen, .bufs = bufs, .lens = lens};
 	uint32_t *head = NULL, *tail = NULL, cap = 0;
 	if (!xc.x) {
 		kvs__rcl_set_err(c, "out of memory");
@@ -697,11 +753,11 @@ int kvs_rcluster_exists_many(kvs_rcluster *c, const void *const *keys, const siz
 				continue;
 			int rc = kvs__rcl_node_connect(c, ni, deadline);
 			for (uint32_t i = head[ni]; i != X_END && !rc; i = xc.x[i].next) {
-				const char *argv[2] = {"EXISTS", bytes(keys[i])};
-				size_t lens[2] = {6, klens[i]};
+				const char *argv[4] = {bufs ? "GETRANGE" : "EXISTS", bytes(keys[i]), "0", range_end};
+				size_t alens[4] = {bufs ? 8 : 6, klens[i], 1, strlen(range_end)};
 				if (xc.x[i].asking && (rc = kvs__rcl_append(c, ni, 1, ask_argv, ask_len)))
 					break;
-				if ((rc = kvs__rcl_append(c, ni, 2, argv, lens)))
+				if ((rc = kvs__rcl_append(c, ni, bufs ? 4 : 2, argv, alens)))
 					break;
 				CNT(c, commands, 1);
 				CNT(c, bytes_out, klens[i]);
@@ -723,6 +779,33 @@ int kvs_rcluster_exists_many(kvs_rcluster *c, const void *const *keys, const siz
 	if (xc.first)
 		memcpy(c->err, xc.first_err, sizeof(c->err));
 	return done(c, xc.first);
+}
+
+int kvs_rcluster_exists_many(kvs_rcluster *c, const void *const *keys, const size_t *klens, size_t n,
+			     bool *out)
+{
+	return many(c, keys, klens, n, out, 0, NULL, NULL);
+}
+
+int kvs_rcluster_head_many(kvs_rcluster *c, const void *const *keys, const size_t *klens, size_t n,
+			   size_t hlen, void *const *bufs, size_t *lens)
+{
+	bool stack_out[64];
+	bool *out = n <= 64 ? stack_out : malloc(n * sizeof(bool));
+	if (!out) {
+		kvs__rcl_set_err(c, "out of memory");
+		return done(c, -ENOMEM);
+	}
+	if (hlen == 0) {
+		kvs__rcl_set_err(c, "head_many: hlen 0");
+		if (out != stack_out)
+			free(out);
+		return done(c, -EINVAL);
+	}
+	int rc = many(c, keys, klens, n, out, hlen, bufs, lens);
+	if (out != stack_out)
+		free(out);
+	return rc;
 }
 
 int kvs_rcluster_refresh(kvs_rcluster *c)

@@ -57,6 +57,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/uio.h>
 
 #define KVS_RCLUSTER_SLOTS 16384
 #define KVS_RCLUSTER_MAX_REDIRECTS 5
@@ -115,6 +116,22 @@ int kvs_rcluster_get(kvs_rcluster *c, const void *key, size_t klen, void *buf, s
  * rounds. */
 int kvs_rcluster_exists_many(kvs_rcluster *c, const void *const *keys, const size_t *klens, size_t n,
 			     bool *out);
+
+/* The first hlen bytes (hlen > 0) of each of n values: GETRANGE key 0
+ * hlen-1, pipelined as exists_many (one round per node, redirections and
+ * retries as there). bufs[i] (hlen bytes each) receives them and lens[i]
+ * how many came (0: the key is absent or its value empty, or no answer).
+ * Returns 0 when every key got an answer, else the first error met (the
+ * keys without an answer have lens[i] 0: a caller treats them as misses). */
+int kvs_rcluster_head_many(kvs_rcluster *c, const void *const *keys, const size_t *klens, size_t n,
+			   size_t hlen, void *const *bufs, size_t *lens);
+
+/* GET key scattered over iovcnt buffers in order (a header into one, the
+ * data into another). As kvs_rcluster_get: 0 and *ret_len (the bytes beyond
+ * the value's end are untouched); KVS_E_MISS; KVS_E_LIMIT with *ret_len the
+ * value's size when it exceeds the buffers' total, nothing written. */
+int kvs_rcluster_getv(kvs_rcluster *c, const void *key, size_t klen, const struct iovec *iov, int iovcnt,
+		      size_t *ret_len);
 
 /* DEL key. Returns 0 if it was deleted, KVS_E_MISS if it was absent. */
 int kvs_rcluster_del(kvs_rcluster *c, const void *key, size_t klen);

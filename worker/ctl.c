@@ -289,10 +289,15 @@ static int cmd_lookup(kvs_client *c, const uint8_t *keys, uint32_t n, int timeou
 	} else {
 		printf("%" PRIu64 " of %u leading chunks cached", hits, n);
 		if (hits) {
-			uint64_t l2 = 0;
-			for (uint64_t i = 0; i < hits; i++)
+			uint64_t l2 = 0, l3 = 0;
+			for (uint64_t i = 0; i < hits; i++) {
 				l2 += tiers[i] == KVS_TIER_L2;
-			printf(" (%" PRIu64 " in L1, %" PRIu64 " only in L2)", hits - l2, l2);
+				l3 += tiers[i] == KVS_TIER_L3;
+			}
+			printf(" (%" PRIu64 " in L1, %" PRIu64 " only in L2", hits - l2 - l3, l2);
+			if (l3)
+				printf(", %" PRIu64 " in L3", l3);
+			printf(")");
 		}
 		printf("\n");
 	}

@@ -10,7 +10,10 @@
 
 #include "kvside.h"
 
-static const char *kvs_tier_name_pub(int t) { return t == KVS_TIER_L2 ? "L2 (disk)" : "L1 (DRAM)"; }
+static const char *kvs_tier_name_pub(int t)
+{
+	return t == KVS_TIER_L3 ? "L3 (shared)" : t == KVS_TIER_L2 ? "L2 (disk)" : "L1 (DRAM)";
+}
 
 #define WORLD 4
 #define LAYERS0 6   /* group 0: full attention, 16 tokens/block, 16 blocks/chunk */

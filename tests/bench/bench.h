@@ -48,6 +48,7 @@ int kvb_mode_copy(const kvb_opts *o);
 int kvb_mode_control(const kvb_opts *o);
 int kvb_mode_l2(const kvb_opts *o);
 int kvb_mode_trace(const kvb_opts *o);
+int kvb_mode_trace_lru(const kvb_opts *o);
 int kvb_mode_restart(const kvb_opts *o);
 int kvb_mode_memory(const kvb_opts *o);
 int kvb_mode_gpu(const kvb_opts *o);

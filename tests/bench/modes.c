@@ -1041,35 +1041,20 @@ static treq *load_trace(const char *path, uint32_t limit, uint32_t *ret_n, uint3
 	return r;
 }
 
-int kvb_mode_trace(const kvb_opts *o)
+/* One replay of the trace through a fresh server with an L1 of l1b bytes (and
+ * L2 when o->l2_size): lookup with prefetch, retrieve the hit, store the
+ * rest, one rank, 4 KiB per 512-token block. *hits are the hit blocks. */
+typedef struct trace_run {
+	uint64_t hits, bytes;
+	double *lat; /* nreq request latencies (caller's) */
+	double elapsed;
+} trace_run;
+
+static int trace_replay(const kvb_opts *o, const treq *tr, uint32_t nreq, uint32_t mx, uint64_t l1b,
+			trace_run *out)
 {
-	uint32_t nreq, mx;
-	uint32_t limit = o->trace_requests ? o->trace_requests : (o->quick ? 300 : 0);
-	treq *tr = load_trace(o->trace, limit, &nreq, &mx);
-	if (!tr) {
-		fprintf(stderr, "trace: cannot read %s\n", o->trace);
-		return 1;
-	}
-	/* infinite-cache bound: a request hits its leading run of ids seen before */
-	uint32_t maxid = 0;
-	for (uint32_t i = 0; i < nreq; i++)
-		for (uint32_t k = 0; k < tr[i].n; k++)
-			maxid = tr[i].ids[k] > maxid ? tr[i].ids[k] : maxid;
-	uint8_t *seen = calloc(maxid + 1, 1);
-	uint64_t total = 0, bound_hits = 0;
-	for (uint32_t i = 0; i < nreq; i++) {
-		uint32_t h = 0;
-		while (h < tr[i].n && seen[tr[i].ids[h]])
-			h++;
-		bound_hits += h;
-		total += tr[i].n;
-		for (uint32_t k = 0; k < tr[i].n; k++)
-			seen[tr[i].ids[k]] = 1;
-	}
-	/* one rank, 4 KiB per 512-token block */
 	geo g = {.layers = 1, .bpc = 1, .nb = 2 * mx + 2, .block = 4096};
 	char l1[32], l2s[32], l2p[320];
-	uint64_t l1b = o->l1_size ? o->l1_size : (256ull << 20);
 	snprintf(l1, sizeof(l1), "%llu", (unsigned long long)l1b);
 	snprintf(l2s, sizeof(l2s), "%llu", (unsigned long long)(o->l2_size ? o->l2_size : (1ull << 30)));
 	kvt_server s;
@@ -1085,13 +1070,12 @@ int kvb_mode_trace(const kvb_opts *o)
 	kvs_client *sched = kvt_client(&s, "trace", KVS_ROLE_SCHEDULER, 0, 1, NULL, NULL);
 	if (!sched || rank_setup(&s, "trace", 0, 1, g, &r) != 0)
 		return 1;
-	double *lat = malloc(sizeof(double) * (nreq ? nreq : 1));
 	uint64_t hits = 0, bytes = 0, job = 1;
 	uint8_t *keys = malloc(32ull * mx);
 	int64_t *ids = malloc(sizeof(int64_t) * mx);
 	double t0 = kvb_now();
 	for (uint32_t i = 0; i < nreq && !rc; i++) {
-		treq *q = &tr[i];
+		const treq *q = &tr[i];
 		for (uint32_t k = 0; k < q->n; k++)
 			kvb_key(4242, q->ids[k], keys + 32 * k);
 		double t = kvb_now();
@@ -1132,23 +1116,11 @@ int kvb_mode_trace(const kvb_opts *o)
 			bytes += (q->n - h) * g.block;
 		}
 		hits += h;
-		lat[i] = kvb_now() - t;
+		out->lat[i] = kvb_now() - t;
 	}
-	double el = kvb_now() - t0;
-	double ratio = total ? (double)hits / total : 0, bound = total ? (double)bound_hits / total : 0;
-	char nm[128];
-	snprintf(nm, sizeof(nm), "trace prefix hit ratio (%u requests, L1 %llu MiB%s)", nreq,
-		 (unsigned long long)(l1b >> 20), o->l2_size ? " + L2" : "");
-	kvb_result(nm, ratio, "ratio", bound, "<= bound; = bound when it all fits");
-	kvb_result("trace bytes moved", (double)bytes / 1e9, "GB", 0, "");
-	kvb_result("trace throughput", (double)bytes / el / 1e9, "GB/s", 0, "");
-	kvb_result("trace requests per second", nreq / el, "req/s", 0, "");
-	kvb_result("trace p99 request latency (lookup + retrieve + store jobs)", kvb_pct(lat, nreq, 0.99) * 1e3, "ms", 0, "");
-	kvb_note("trace: %s, %u requests replayed as fast as possible (timestamps compressed to zero), 4 KiB per "
-		 "512-token block, infinite-cache bound %.4f", o->trace, nreq, bound);
-	int bad = ratio > bound + 1e-12 || (o->expect_bound && ratio + 1e-12 < bound);
-	if (bad)
-		fprintf(stderr, "trace: hit ratio %.6f vs bound %.6f violates the expectation\n", ratio, bound);
+	out->elapsed = kvb_now() - t0;
+	out->hits = hits;
+	out->bytes = bytes;
 	kvs_client_close(r.c);
 	kvs_client_close(sched);
 	kvt_server_stop(&s);
@@ -1156,14 +1128,170 @@ int kvb_mode_trace(const kvb_opts *o)
 	char cmd[400];
 	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", l2p);
 	if (system(cmd) != 0)
-		bad = 1;
+		rc = rc ? rc : 1;
+	free(keys);
+	free(ids);
+	return rc;
+}
+
+static void trace_free(treq *tr, uint32_t nreq)
+{
 	for (uint32_t i = 0; i < nreq; i++)
 		free(tr[i].ids);
 	free(tr);
+}
+
+static uint32_t trace_max_id(const treq *tr, uint32_t nreq)
+{
+	uint32_t maxid = 0;
+	for (uint32_t i = 0; i < nreq; i++)
+		for (uint32_t k = 0; k < tr[i].n; k++)
+			maxid = tr[i].ids[k] > maxid ? tr[i].ids[k] : maxid;
+	return maxid;
+}
+
+int kvb_mode_trace(const kvb_opts *o)
+{
+	uint32_t nreq, mx;
+	uint32_t limit = o->trace_requests ? o->trace_requests : (o->quick ? 300 : 0);
+	treq *tr = load_trace(o->trace, limit, &nreq, &mx);
+	if (!tr) {
+		fprintf(stderr, "trace: cannot read %s\n", o->trace);
+		return 1;
+	}
+	/* infinite-cache bound: a request hits its leading run of ids seen before */
+	uint8_t *seen = calloc(trace_max_id(tr, nreq) + 1, 1);
+	uint64_t total = 0, bound_hits = 0;
+	for (uint32_t i = 0; i < nreq; i++) {
+		uint32_t h = 0;
+		while (h < tr[i].n && seen[tr[i].ids[h]])
+			h++;
+		bound_hits += h;
+		total += tr[i].n;
+		for (uint32_t k = 0; k < tr[i].n; k++)
+			seen[tr[i].ids[k]] = 1;
+	}
+	uint64_t l1b = o->l1_size ? o->l1_size : (256ull << 20);
+	double *lat = malloc(sizeof(double) * (nreq ? nreq : 1));
+	trace_run tr_out = {.lat = lat};
+	int rc = trace_replay(o, tr, nreq, mx, l1b, &tr_out);
+	double el = tr_out.elapsed;
+	double ratio = total ? (double)tr_out.hits / total : 0, bound = total ? (double)bound_hits / total : 0;
+	char nm[128];
+	snprintf(nm, sizeof(nm), "trace prefix hit ratio (%u requests, L1 %llu MiB%s)", nreq,
+		 (unsigned long long)(l1b >> 20), o->l2_size ? " + L2" : "");
+	kvb_result(nm, ratio, "ratio", bound, "<= bound; = bound when it all fits");
+	kvb_result("trace bytes moved", (double)tr_out.bytes / 1e9, "GB", 0, "");
+	kvb_result("trace throughput", (double)tr_out.bytes / el / 1e9, "GB/s", 0, "");
+	kvb_result("trace requests per second", nreq / el, "req/s", 0, "");
+	kvb_result("trace p99 request latency (lookup + retrieve + store jobs)", kvb_pct(lat, nreq, 0.99) * 1e3, "ms", 0, "");
+	kvb_note("trace: %s, %u requests replayed as fast as possible (timestamps compressed to zero), 4 KiB per "
+		 "512-token block, infinite-cache bound %.4f", o->trace, nreq, bound);
+	int bad = ratio > bound + 1e-12 || (o->expect_bound && ratio + 1e-12 < bound);
+	if (bad)
+		fprintf(stderr, "trace: hit ratio %.6f vs bound %.6f violates the expectation\n", ratio, bound);
+	trace_free(tr, nreq);
 	free(seen);
 	free(lat);
-	free(keys);
-	free(ids);
+	return rc || bad;
+}
+
+/* ---- trace against an LRU simulation ----------------------------------------------- */
+
+/* The prefix hit ratio of an LRU cache of cap blocks over the trace, where a
+ * request hits its leading run of cached blocks and then uses every one of
+ * its blocks (hits and stored misses alike become the most recently used, in
+ * request order). An intrusive doubly linked list over block ids. */
+static uint64_t lru_hits(const treq *tr, uint32_t nreq, uint32_t maxid, uint64_t cap)
+{
+	uint32_t *prev = malloc((maxid + 2) * sizeof(uint32_t)), *next = malloc((maxid + 2) * sizeof(uint32_t));
+	uint8_t *in = calloc(maxid + 1, 1);
+	const uint32_t NIL = maxid + 1; /* sentinel: next[NIL] = LRU end, prev[NIL] = MRU end */
+	prev[NIL] = next[NIL] = NIL;
+	uint64_t n = 0, hits = 0;
+#define UNLINK(x) (next[prev[x]] = next[x], prev[next[x]] = prev[x])
+#define PUSH_MRU(x) (prev[x] = prev[NIL], next[x] = NIL, next[prev[NIL]] = x, prev[NIL] = x)
+	for (uint32_t i = 0; i < nreq; i++) {
+		uint32_t h = 0;
+		while (h < tr[i].n && in[tr[i].ids[h]])
+			h++;
+		hits += h;
+		for (uint32_t k = 0; k < tr[i].n; k++) {
+			uint32_t x = tr[i].ids[k];
+			if (in[x]) {
+				UNLINK(x);
+			} else {
+				if (n == cap) { /* evict the least recently used */
+					uint32_t v = next[NIL];
+					UNLINK(v);
+					in[v] = 0;
+					n--;
+				}
+				if (cap == 0)
+					continue;
+				in[x] = 1;
+				n++;
+			}
+			PUSH_MRU(x);
+		}
+	}
+#undef UNLINK
+#undef PUSH_MRU
+	free(prev);
+	free(next);
+	free(in);
+	return hits;
+}
+
+/* The trace at L1 capacities of 25, 50 and 100 % of its footprint (distinct
+ * blocks x 4 KiB), each beside the LRU simulation of the same capacity
+ * computed in the same run: kvside should never do worse than LRU. */
+int kvb_mode_trace_lru(const kvb_opts *o)
+{
+	uint32_t nreq, mx;
+	uint32_t limit = o->trace_requests ? o->trace_requests : (o->quick ? 300 : 0);
+	treq *tr = load_trace(o->trace, limit, &nreq, &mx);
+	if (!tr) {
+		fprintf(stderr, "trace-lru: cannot read %s\n", o->trace);
+		return 1;
+	}
+	uint32_t maxid = trace_max_id(tr, nreq);
+	uint8_t *seen = calloc(maxid + 1, 1);
+	uint64_t distinct = 0, total = 0;
+	for (uint32_t i = 0; i < nreq; i++)
+		for (uint32_t k = 0; k < tr[i].n; k++) {
+			distinct += !seen[tr[i].ids[k]];
+			seen[tr[i].ids[k]] = 1;
+			total++;
+		}
+	free(seen);
+	double *lat = malloc(sizeof(double) * (nreq ? nreq : 1));
+	int rc = 0, bad = 0;
+	static const int pct[] = {25, 50, 100};
+	for (int c = 0; c < 3 && !rc; c++) {
+		/* L1 in whole MiB (at least 1, its minimum), and LRU with the same block count */
+		uint64_t l1b = ((distinct * 4096 * (uint64_t)pct[c] / 100 + (1u << 20) - 1) >> 20) << 20;
+		if (l1b < (1u << 20))
+			l1b = 1u << 20;
+		uint64_t cap = l1b / 4096;
+		uint64_t lh = lru_hits(tr, nreq, maxid, cap);
+		trace_run out = {.lat = lat};
+		rc = trace_replay(o, tr, nreq, mx, l1b, &out);
+		double ratio = total ? (double)out.hits / total : 0, lru = total ? (double)lh / total : 0;
+		char nm[160];
+		snprintf(nm, sizeof(nm), "trace hit ratio, L1 %d %% of the footprint (%llu MiB, %u requests)", pct[c],
+			 (unsigned long long)(l1b >> 20), nreq);
+		kvb_result(nm, ratio, "ratio", lru, ">= LRU of the same capacity");
+		if (!rc && ratio + 1e-9 < lru) {
+			fprintf(stderr, "trace-lru: %s: %.6f below LRU %.6f\n", nm, ratio, lru);
+			bad = o->expect_bound;
+		}
+	}
+	kvb_note("trace-lru: %s, %llu distinct 512-token blocks of 4 KiB (footprint %.1f MiB), %llu block "
+		 "references; LRU simulated over blocks with the same capacity in blocks as the L1 bytes / 4 KiB",
+		 o->trace, (unsigned long long)distinct, distinct * 4096.0 / (1 << 20), (unsigned long long)total);
+	trace_free(tr, nreq);
+	free(lat);
 	return rc || bad;
 }
 

@@ -379,6 +379,44 @@ START_TEST(binary_keys_every_range)
 	kvs_rcluster_get_stats(c, &s1);
 	ck_assert_uint_eq(s1.commands - s0.commands, 2 * NKEYS);
 	ck_assert_uint_eq(s1.calls - s0.calls, 1);
+	/* head_many: the first 16 bytes of each value (fewer for shorter ones),
+	 * nothing for the absent keys, in one call */
+	static uint8_t heads[2 * NKEYS][16];
+	static void *hb[2 * NKEYS];
+	static size_t hl[2 * NKEYS];
+	for (int i = 0; i < 2 * NKEYS; i++)
+		hb[i] = heads[i], hl[i] = 999;
+	kvs_rcluster_get_stats(c, &s0);
+	ck_assert_int_eq(kvs_rcluster_head_many(c, kp, kl, 2 * NKEYS, 16, hb, hl), 0);
+	for (int i = 0; i < NKEYS; i++) {
+		size_t vl = (size_t)(i * 37) % sizeof(val);
+		fill(val, vl, (uint64_t)i + 77);
+		ck_assert_uint_eq(hl[i], vl < 16 ? vl : 16);
+		ck_assert(memcmp(heads[i], val, hl[i]) == 0);
+		ck_assert_uint_eq(hl[NKEYS + i], 0);
+	}
+	kvs_rcluster_get_stats(c, &s1);
+	ck_assert_uint_eq(s1.calls - s0.calls, 1);
+	ck_assert_uint_eq(s1.commands - s0.commands, 2 * NKEYS);
+	/* getv: a value scattered over two buffers; too small buffers: LIMIT, untouched */
+	{
+		int i = 100;
+		size_t vl = (size_t)(i * 37) % sizeof(val), len = 0;
+		ck_assert_uint_gt(vl, 40);
+		fill(val, vl, (uint64_t)i + 77);
+		uint8_t a[40], b[sizeof(val)];
+		memset(b, 0xee, sizeof(b));
+		struct iovec iov[2] = {{a, sizeof(a)}, {b, sizeof(b)}};
+		ck_assert_int_eq(kvs_rcluster_getv(c, key[i], klen[i], iov, 2, &len), 0);
+		ck_assert_uint_eq(len, vl);
+		ck_assert(memcmp(a, val, 40) == 0 && memcmp(b, val + 40, vl - 40) == 0);
+		ck_assert_uint_eq(b[vl - 40], 0xee);
+		iov[1].iov_len = vl - 41;
+		memset(b, 0xee, sizeof(b));
+		ck_assert_int_eq(kvs_rcluster_getv(c, key[i], klen[i], iov, 2, &len), KVS_E_LIMIT);
+		ck_assert_uint_eq(len, vl);
+		ck_assert_uint_eq(b[0], 0xee);
+	}
 	/* del every other key */
 	for (int i = 0; i < NKEYS; i += 2)
 		ck_assert_int_eq(kvs_rcluster_del(c, key[i], klen[i]), 0);

@@ -47,7 +47,7 @@ for table, names in [("_ROLES", {"scheduler": "KVS_ROLE_SCHEDULER", "worker": "K
                                                                      sorted(names)))
     CONSTANTS += [("%s[%r]" % (table, k), c) for k, c in names.items()]
 for table, names in [("_STATES", ["KVS_JOB_OPEN", "KVS_JOB_COMMITTED", "KVS_JOB_ABORTED", "KVS_JOB_UNKNOWN"]),
-                     ("_TIERS", ["KVS_TIER_L1", "KVS_TIER_L2"])]:
+                     ("_TIERS", ["KVS_TIER_L1", "KVS_TIER_L2", "KVS_TIER_L3"])]:
     if len(getattr(kvside, table)) != len(names):
         sys.exit("FAIL: kvside.%s has %d entries, the test knows %d" % (table, len(getattr(kvside, table)),
                                                                       len(names)))

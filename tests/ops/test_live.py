@@ -286,7 +286,7 @@ try:
     with open(os.path.join(tmp, "scrape.txt"), "w") as f:
         f.write(text)
     fams = opscheck.parse_exposition(text)
-    for name, cond in (("kvside_lookup_hits_total", lambda f: f["samples"] == 2),
+    for name, cond in (("kvside_lookup_hits_total", lambda f: f["samples"] == 3),
                        ("kvside_errors_total", lambda f: "E_MISS" in f["labels"].get("code", ())),
                        ("kvside_evictions_total", lambda f: f["samples"] == 2),
                        ("kvside_copy_direction_bytes_total", lambda f: f["samples"] >= 2)):

@@ -85,7 +85,7 @@ static void fx_init(fx *f, uint64_t l1_size, bool with_l2)
 	ck_assert_int_eq(kvs_l1_create(&c, &f->l1), 0);
 	if (with_l2)
 		l2_open(f);
-	ck_assert_int_eq(kvs_promote_create(f->l1, f->l2, &f->pr), 0);
+	ck_assert_int_eq(kvs_promote_create(f->l1, f->l2, NULL, &f->pr), 0);
 }
 
 static kvs_l1_stats l1st(fx *f)
@@ -209,7 +209,7 @@ static kvs_l1_obj *l1_put(fx *f, const kvs_objkey *k, uint64_t len)
 static int locate(fx *f, const kvs_objkey *k, uint64_t geom, uint64_t len, kvs_l1_obj **o)
 {
 	*o = (kvs_l1_obj *)(uintptr_t)0x1; /* must be overwritten */
-	return kvs_promote_locate(f->pr, k, geom, len, o);
+	return kvs_promote_locate(f->pr, k, geom, len, o, NULL);
 }
 
 /* ---- waiters ---------------------------------------------------------------- */
@@ -437,7 +437,7 @@ static void corrupt(fx *f, const uint8_t *data, long at)
 	free(buf);
 	close(fd);
 	l2_open(f);
-	ck_assert_int_eq(kvs_promote_create(f->l1, f->l2, &f->pr), 0);
+	ck_assert_int_eq(kvs_promote_create(f->l1, f->l2, NULL, &f->pr), 0);
 }
 
 /* case 0: no record; 1: the record's data corrupt; 2: a record of another

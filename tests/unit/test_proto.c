@@ -1054,7 +1054,8 @@ START_TEST(test_names)
 	ck_assert_str_eq(kvs_job_state_name(-1), "?");
 	ck_assert_str_eq(kvs_tier_name(KVS_TIER_L1), "l1");
 	ck_assert_str_eq(kvs_tier_name(KVS_TIER_L2), "l2");
-	ck_assert_str_eq(kvs_tier_name(2), "?");
+	ck_assert_str_eq(kvs_tier_name(KVS_TIER_L3), "l3");
+	ck_assert_str_eq(kvs_tier_name(3), "?");
 	for (int c = KVS_E_BASE; c <= KVS_E_LAST_; c++) {
 		const char *nm = kvs_error_name(c);
 		ck_assert_int_eq(kvs_error_from_name(nm, strlen(nm)), c);
@@ -1717,7 +1718,7 @@ static const dcase CASES[] = {
 	ROW(r_register, "imported", M_SET, TI(-1), KVS_E_BADMSG),
 	ROW(r_lookup, "hits", M_SET, TU(KVS_MAX_KEYS), 0),
 	ROW(r_lookup, "hits", M_SET, TU(KVS_MAX_KEYS + 1), KVS_E_BADMSG),
-	ROW(r_lookup, "tiers.1", M_SET, TS("l3"), KVS_E_BADMSG),
+	ROW(r_lookup, "tiers.1", M_SET, TS("l4"), KVS_E_BADMSG),
 	ROW(r_lookup, "tiers.0", M_SET, TS("L1"), KVS_E_BADMSG),
 	ROW(r_lookup, "tiers.2", M_SET, TU(0), KVS_E_BADMSG),
 	ROW(r_lookup, "tiers", M_SET, TS("l1"), KVS_E_BADMSG),

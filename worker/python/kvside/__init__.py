@@ -55,7 +55,7 @@ __all__ += ERROR_NAMES
 
 _ROLES = {"scheduler": 0, "worker": 1}
 _STATES = ["open", "committed", "aborted", "unknown"]
-_TIERS = ["l1", "l2"]
+_TIERS = ["l1", "l2", "l3"]
 _KINDS = {"attention": 0, "recurrent": 1}
 _ADMIN = {"status": 0, "drain": 1, "resume": 2, "clear": 3}
 _EVENTS = {1: "reconnected", 2: "job_done"}
