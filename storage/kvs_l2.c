@@ -172,8 +172,8 @@ static int put_object(kvs_l2 *l2, MDB_txn *txn, const l2_item *it)
 		 * write path avoids a page fault (read of a hole + mkwrite) per
 		 * 4 KiB page, 2x faster here. The commit's msync flushes them
 		 * before the meta page, as with memcpy. Each slice is hashed
-		 * just before it is written, so the source is read from memory
-		 * once (issue 18). */
+		 * just before it is written, while its source is in cache
+		 * (issue 18). */
 		off_t foff = (off_t)(dst - l2->map_base);
 		for (uint64_t off = 0; off < it->len;) {
 			uint64_t n = it->len - off < WRITE_SLICE ? it->len - off : WRITE_SLICE;

@@ -25,10 +25,13 @@
 #define MAX_TOUCHES 65536
 /* a read lands in L1 in slices this large, each hashed while in cache */
 #define READ_SLICE (256u << 10)
-/* the writer hashes and writes an object in slices this large */
-#define WRITE_SLICE (256u << 10)
-/* the writer starts the disk on runs of written records this large */
-#define KICK_BYTES (1u << 20)
+/* the writer hashes and writes an object in slices this large (1 MiB: a
+ * pwrite per 256 KiB cost more in system calls than re-reading a cooler
+ * slice costs the hash; measured, docs/benchmarks.md issue 18) */
+#define WRITE_SLICE (1024u << 10)
+/* the writer starts the disk on runs of written records this large (1 and
+ * 8 MiB measured; 8 slightly ahead) */
+#define KICK_BYTES (8u << 20)
 #define HIGH_PCT 85
 #define LOW_PCT 70
 /* the pages in use (objects' overflow pages, B-trees) may reach this much of
