@@ -7,6 +7,7 @@
 #include "kvs_l2.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -51,6 +52,7 @@ void kvs_l2_config_defaults(kvs_l2_config *cfg)
 	cfg->batch_max = 256;
 	cfg->batch_bytes = 256ull << 20;
 	cfg->batch_ms = 2;
+	cfg->readers = 4;
 	cfg->efd = -1;
 }
 
@@ -161,42 +163,47 @@ static int put_object(kvs_l2 *l2, MDB_txn *txn, const l2_item *it)
 	/* copy in slices and hash what was just copied, while it is in cache */
 	uint8_t *dst = (uint8_t *)v.mv_data + HDR_BYTES;
 	const uint8_t *src = it->src;
+	kvs_record_hasher *xs = l2->wxs;
+	kvs_record_hasher_reset(xs, seed);
 	if (l2->map_base) {
 		/* MDB_RESERVE gave space in the map; fill it with pwrite at the
 		 * same file offset rather than memcpy into the mapping: the page
 		 * cache is shared, so the map sees the bytes, and the kernel's
 		 * write path avoids a page fault (read of a hole + mkwrite) per
 		 * 4 KiB page, 2x faster here. The commit's msync flushes them
-		 * before the meta page, as with memcpy. */
-		h.checksum = kvs_record_sum(seed, src, it->len);
+		 * before the meta page, as with memcpy. Each slice is hashed
+		 * just before it is written, while its source is in cache
+		 * (issue 18). */
 		off_t foff = (off_t)(dst - l2->map_base);
-		for (uint64_t done = 0; done < it->len;) {
-			ssize_t w = pwrite(l2->fd, src + done, it->len - done, foff + (off_t)done);
-			if (w <= 0) {
-				/* the errno itself (ENOSPC: "No space left on
-				 * device"), not a blanket EIO */
-				rc = w < 0 ? errno : ENOSPC;
-				if (rc == EINTR)
-					continue;
-				return rc;
-			}
-			done += (uint64_t)w;
-		}
-	} else {
-		XXH3_state_t *xs = XXH3_createState();
-		if (!xs)
-			return ENOMEM;
-		XXH3_64bits_reset_withSeed(xs, seed);
 		for (uint64_t off = 0; off < it->len;) {
-			uint64_t n = it->len - off < (256u << 10) ? it->len - off : (256u << 10);
-			memcpy(dst + off, src + off, n);
-			XXH3_64bits_update(xs, dst + off, n);
+			uint64_t n = it->len - off < WRITE_SLICE ? it->len - off : WRITE_SLICE;
+			kvs_record_hasher_update(xs, src + off, n);
+			for (uint64_t done = 0; done < n;) {
+				ssize_t w = pwrite(l2->fd, src + off + done, n - done, foff + (off_t)(off + done));
+				if (w <= 0) {
+					/* the errno itself (ENOSPC: "No space left on
+					 * device"), not a blanket EIO */
+					rc = w < 0 ? errno : ENOSPC;
+					if (rc == EINTR)
+						continue;
+					return rc;
+				}
+				done += (uint64_t)w;
+			}
 			off += n;
 		}
-		h.checksum = XXH3_64bits_digest(xs);
-		XXH3_freeState(xs);
+	} else {
+		for (uint64_t off = 0; off < it->len;) {
+			uint64_t n = it->len - off < WRITE_SLICE ? it->len - off : WRITE_SLICE;
+			memcpy(dst + off, src + off, n);
+			kvs_record_hasher_update(xs, dst + off, n);
+			off += n;
+		}
 	}
+	h.checksum = kvs_record_hasher_digest(xs);
 	memcpy(v.mv_data, &h, HDR_BYTES);
+	if (l2->map_base)
+		kvs__l2_writeback_kick(l2, (uint64_t)((uint8_t *)v.mv_data - l2->map_base), HDR_BYTES + it->len, false);
 	return 0;
 }
 
@@ -219,6 +226,7 @@ static int write_batch(kvs_l2 *l2, l2_item *batch, uint32_t nb, const kvs_objkey
 		return MDB_PANIC;
 	MDB_txn *txn;
 	l2->n_evicted = 0;
+	l2->kick_lo = l2->kick_hi = 0;
 	int rc = mdb_txn_begin(l2->env, NULL, 0, &txn);
 	if (rc)
 		return rc;
@@ -288,6 +296,8 @@ static int write_batch(kvs_l2 *l2, l2_item *batch, uint32_t nb, const kvs_objkey
 	    (rc = kvs__l2_meta_put(txn, l2->meta, "objects", objects)) ||
 	    (rc = kvs__l2_meta_put(txn, l2->meta, "clock", l2->clock)))
 		goto abort;
+	if (l2->map_base)
+		kvs__l2_writeback_kick(l2, 0, 0, true);
 	if (n_objects) {
 		int f = atomic_exchange(&l2->inject, KVS_L2_INJECT_NONE);
 		if (f == KVS_L2_INJECT_KILL)
@@ -362,16 +372,20 @@ static void *writer_main(void *arg)
 {
 	kvs_l2 *l2 = arg;
 	void *alt = kvs__l2_thread_begin(l2);
+	pthread_setname_np(pthread_self(), "kvs-l2-writer"); /* for top, perf */
 	l2_item *batch = calloc(l2->cfg.batch_max, sizeof(*batch));
 	l2_item **orig = calloc(l2->cfg.batch_max, sizeof(*orig));
 	kvs_objkey *touches = calloc(MAX_TOUCHES, sizeof(*touches));
 	l2_drop *drops = calloc(MAX_TOUCHES, sizeof(*drops));
-	if (!batch || !orig || !touches || !drops) {
+	l2->wxs = kvs_record_hasher_new();
+	if (!batch || !orig || !touches || !drops || !l2->wxs) {
 		kvs_err("writer cannot start: out of memory");
 		free(batch);
 		free(orig);
 		free(touches);
 		free(drops);
+		kvs_record_hasher_free(l2->wxs);
+		l2->wxs = NULL;
 		kvs__l2_thread_end(alt);
 		return NULL;
 	}
@@ -466,6 +480,8 @@ static void *writer_main(void *arg)
 	free(orig);
 	free(touches);
 	free(drops);
+	kvs_record_hasher_free(l2->wxs);
+	l2->wxs = NULL;
 	kvs__l2_thread_end(alt);
 	return NULL;
 }
@@ -493,52 +509,12 @@ static void rtxn_end(kvs_l2 *l2, MDB_txn *txn)
 	pthread_rwlock_unlock(&l2->maplock);
 }
 
-static int read_one(kvs_l2 *l2, MDB_txn *txn, l2_item *it)
-{
-	MDB_val k = {sizeof(it->key), &it->key}, v;
-	int rc = mdb_get(txn, l2->obj, &k, &v);
-	if (rc) {
-		if (rc != MDB_NOTFOUND)
-			kvs__l2_note_error(l2, rc, "read");
-		return KVS_E_MISS;
-	}
-	l2_hdr h;
-	int c = kvs__l2_check_hdr(&v, &it->key, it->geom, &h);
-	if (c == HDR_BAD || c == HDR_KEY) {
-		kvs__l2_drop_found(l2, &it->key, &v, c);
-		return KVS_E_MISS;
-	}
-	if (c == HDR_GEOM || h.len != it->len) {
-		pthread_mutex_lock(&l2->mu);
-		l2->st.header_mismatches++;
-		pthread_mutex_unlock(&l2->mu);
-		return KVS_E_MISS;
-	}
-	const uint8_t *src = (const uint8_t *)v.mv_data + HDR_BYTES;
-	uint8_t *dst = it->dst;
-	XXH3_state_t *xs = XXH3_createState();
-	if (!xs)
-		return KVS_E_INTERNAL;
-	XXH3_64bits_reset_withSeed(xs, kvs_record_seed(&h, &it->key));
-	for (uint64_t off = 0; off < h.len;) {
-		uint64_t n = h.len - off < (256u << 10) ? h.len - off : (256u << 10);
-		memcpy(dst + off, src + off, n);
-		XXH3_64bits_update(xs, dst + off, n);
-		off += n;
-	}
-	uint64_t sum = XXH3_64bits_digest(xs);
-	XXH3_freeState(xs);
-	if (sum != h.checksum) {
-		kvs__l2_drop_found(l2, &it->key, &v, HDR_OK);
-		return KVS_E_MISS;
-	}
-	return 0;
-}
-
 static void *reader_main(void *arg)
 {
 	kvs_l2 *l2 = arg;
 	void *alt = kvs__l2_thread_begin(l2);
+	pthread_setname_np(pthread_self(), "kvs-l2-reader");
+	kvs_record_hasher *xs = kvs_record_hasher_new();
 	pthread_mutex_lock(&l2->mu);
 	for (;;) {
 		while (!l2->rq.n && !l2->stop)
@@ -548,9 +524,9 @@ static void *reader_main(void *arg)
 		l2_item *it = list_pop(&l2->rq);
 		pthread_mutex_unlock(&l2->mu);
 		MDB_txn *txn;
-		int r = rtxn_begin(l2, &txn);
+		int r = xs ? rtxn_begin(l2, &txn) : KVS_E_INTERNAL;
 		if (r == 0) {
-			r = read_one(l2, txn, it);
+			r = kvs__l2_read_record(l2, txn, &it->key, it->geom, it->dst, it->len, xs);
 			rtxn_end(l2, txn);
 		} else {
 			r = KVS_E_MISS;
@@ -563,6 +539,7 @@ static void *reader_main(void *arg)
 		signal_owner(l2);
 	}
 	pthread_mutex_unlock(&l2->mu);
+	kvs_record_hasher_free(xs);
 	kvs__l2_thread_end(alt);
 	return NULL;
 }
@@ -585,6 +562,10 @@ int kvs_l2_open(const kvs_l2_config *cfg, kvs_l2 **ret)
 		l2->cfg.batch_max = 256;
 	if (!l2->cfg.queue_max)
 		l2->cfg.queue_max = 4096;
+	if (!l2->cfg.readers)
+		l2->cfg.readers = 1;
+	if (l2->cfg.readers > KVS_L2_MAX_READERS)
+		l2->cfg.readers = KVS_L2_MAX_READERS;
 	snprintf(l2->path, sizeof(l2->path), "%s", cfg->path);
 	pthread_mutex_init(&l2->mu, NULL);
 	pthread_mutex_init(&l2->state_mu, NULL);
@@ -661,12 +642,14 @@ int kvs_l2_open(const kvs_l2_config *cfg, kvs_l2 **ret)
 		goto err_env;
 	}
 	l2->writer_started = true;
-	if ((rc = pthread_create(&l2->reader, NULL, reader_main, l2)) != 0) {
-		rc = -rc;
-		kvs_l2_close(l2);
-		return rc;
+	for (uint32_t i = 0; i < l2->cfg.readers; i++) {
+		if ((rc = pthread_create(&l2->readers[i], NULL, reader_main, l2)) != 0) {
+			rc = -rc;
+			kvs_l2_close(l2);
+			return rc;
+		}
+		l2->n_readers++;
 	}
-	l2->reader_started = true;
 	kvs_info("L2 %s: %llu objects, %llu MiB of %llu MiB, sync %s", cfg->path,
 		 (unsigned long long)l2->st.objects, (unsigned long long)(l2->st.bytes >> 20),
 		 (unsigned long long)(l2->capacity >> 20),
@@ -707,8 +690,8 @@ void kvs_l2_close(kvs_l2 *l2)
 	pthread_mutex_unlock(&l2->mu);
 	if (l2->writer_started)
 		pthread_join(l2->writer, NULL);
-	if (l2->reader_started)
-		pthread_join(l2->reader, NULL);
+	for (uint32_t i = 0; i < l2->n_readers; i++)
+		pthread_join(l2->readers[i], NULL);
 	l2_item *it;
 	while ((it = list_pop(&l2->done)) != NULL)
 		free(it);

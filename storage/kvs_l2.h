@@ -7,9 +7,9 @@
  * they were written under: a record found under another key (a swapped
  * overflow-page pointer, a misplaced record) is a miss, counted, deleted and
  * never served; so is a record of format version 1. Committed L1 objects
- * are written behind by one writer thread in group-commit transactions; a
- * reader thread copies objects back into L1 reservations, verifying the
- * checksum on every read. Threads report back through a completion list and
+ * are written behind by one writer thread in group-commit transactions;
+ * reader threads (cfg.readers) read objects back into L1 reservations with
+ * pread, verifying the checksum on every read; reads complete in any order. Threads report back through a completion list and
  * the caller's eventfd.
  *
  * Threading: kvs_l2_open/close, the enqueue functions, kvs_l2_reap and
@@ -56,6 +56,8 @@ enum kvs_l2_sync {
 
 struct kvs_l2_done;
 
+#define KVS_L2_MAX_READERS 16
+
 typedef struct kvs_l2_config {
 	const char *path;        /* environment directory (created 0700 if missing) */
 	uint64_t size;           /* map size in bytes */
@@ -65,6 +67,7 @@ typedef struct kvs_l2_config {
 	uint32_t batch_max;      /* objects per group commit */
 	uint64_t batch_bytes;    /* bytes per group commit */
 	uint32_t batch_ms;       /* longest wait to fill a batch */
+	uint32_t readers;        /* reader threads (default 4, at most KVS_L2_MAX_READERS; 0 = 1) */
 	int efd;                 /* eventfd written when completions are ready (no cq) */
 	/* With a completion queue: an item is posted when completions are ready,
 	 * and running it hands each one to on_done (the loop thread). */

@@ -210,3 +210,39 @@ void kvs__l2_disk_open(kvs_l2 *l2)
 	}
 	kvs__l2_disk_reserve(l2, 0);
 }
+
+/* ---- writeback ahead of the commit ------------------------------------------ */
+
+/* Starts the disk writing a record as soon as it is complete, so that the
+ * disk works while the writer copies the rest of the batch instead of only
+ * in the commit's sync (issue 18: the writer copied, then waited for the
+ * disk, then copied the next batch while the disk idled). Contiguous
+ * records are gathered into runs of at least KICK_BYTES; flush sends what
+ * is gathered. The range runs from the record's first page (LMDB's page
+ * header and ours, written through the map just before) to its last: an
+ * overflow page belongs to one value, and this transaction touches it no
+ * more, so no page starts writeback only to be dirtied again. Pages of an
+ * uncommitted transaction on disk are harmless (copy-on-write: the
+ * committed meta page references none of them); the commit's sync still
+ * waits for all of them. SYNC_FILE_RANGE_WRITE only queues the I/O. */
+void kvs__l2_writeback_kick(kvs_l2 *l2, uint64_t off, uint64_t len, bool flush)
+{
+	if (len) {
+		uint64_t lo = off / l2->psize * l2->psize, hi = off + len;
+		if (l2->kick_hi != l2->kick_lo && (lo > l2->kick_hi || hi < l2->kick_lo)) {
+			/* not contiguous with the run gathered: send that first */
+			kvs__l2_writeback_kick(l2, 0, 0, true);
+		}
+		if (l2->kick_hi == l2->kick_lo) {
+			l2->kick_lo = lo;
+			l2->kick_hi = hi;
+		} else {
+			l2->kick_lo = lo < l2->kick_lo ? lo : l2->kick_lo;
+			l2->kick_hi = hi > l2->kick_hi ? hi : l2->kick_hi;
+		}
+	}
+	if (l2->kick_hi > l2->kick_lo && (flush || l2->kick_hi - l2->kick_lo >= KICK_BYTES)) {
+		(void)sync_file_range(l2->fd, (off_t)l2->kick_lo, (off_t)(l2->kick_hi - l2->kick_lo), SYNC_FILE_RANGE_WRITE);
+		l2->kick_lo = l2->kick_hi = 0;
+	}
+}

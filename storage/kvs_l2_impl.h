@@ -1,9 +1,9 @@
 /* kvs_l2 internals shared by the files of the L2 tier — not an API:
  * kvs_l2.c (queues, writer and reader threads, open and close, the owner
- * API), kvs_l2_db.c (record headers, metadata counts, LRU stamps,
- * eviction), kvs_l2_env.c (opening the environment, crash-loop detection,
- * setting a corrupt one aside) and kvs_l2_disk.c (the map and the disk
- * blocks under it). */
+ * API), kvs_l2_db.c (record headers, reading a record into L1, metadata
+ * counts, LRU stamps, eviction), kvs_l2_env.c (opening the environment,
+ * crash-loop detection, setting a corrupt one aside) and kvs_l2_disk.c (the
+ * map and the disk blocks under it, writeback ahead of the commit). */
 #ifndef KVS_L2_IMPL_H
 #define KVS_L2_IMPL_H
 
@@ -23,6 +23,15 @@
 #define HDR_BYTES KVS_RECORD_HDR_BYTES
 #define FORMAT_VERSION KVS_RECORD_VERSION
 #define MAX_TOUCHES 65536
+/* a read lands in L1 in slices this large, each hashed while in cache */
+#define READ_SLICE (256u << 10)
+/* the writer hashes and writes an object in slices this large (1 MiB: a
+ * pwrite per 256 KiB cost more in system calls than re-reading a cooler
+ * slice costs the hash; measured, docs/benchmarks.md issue 18) */
+#define WRITE_SLICE (1024u << 10)
+/* the writer starts the disk on runs of written records this large (1 and
+ * 8 MiB measured; 8 slightly ahead) */
+#define KICK_BYTES (8u << 20)
 #define HIGH_PCT 85
 #define LOW_PCT 70
 /* the pages in use (objects' overflow pages, B-trees) may reach this much of
@@ -82,10 +91,13 @@ struct kvs_l2 {
 	uint64_t slack;     /* bytes allocated ahead of LMDB's next page beyond a batch */
 	uint64_t capacity;  /* writer-owned: what the watermarks take as the size */
 	bool falloc;        /* the file system preallocates (fallocate) */
-	pthread_t writer, reader;
-	bool writer_started, reader_started;
+	pthread_t writer, readers[KVS_L2_MAX_READERS];
+	bool writer_started;
+	uint32_t n_readers; /* reader threads started */
 	uint64_t clock; /* writer-owned logical time */
 	uint64_t psize; /* LMDB page size */
+	kvs_record_hasher *wxs; /* writer-owned: the checksum state of put_object */
+	uint64_t kick_lo, kick_hi; /* writer-owned: file range written, its writeback not yet started */
 	kvs_objkey *evicted; /* writer-owned: keys evicted by the transaction in progress */
 	uint32_t n_evicted, cap_evicted;
 	/* crash-loop detection (l2_state) */
@@ -110,6 +122,11 @@ int kvs__l2_meta_put(MDB_txn *txn, MDB_dbi dbi, const char *name, uint64_t x);
 uint64_t kvs__l2_del_object(kvs_l2 *l2, MDB_txn *txn, const kvs_objkey *key);
 int kvs__l2_stamp(kvs_l2 *l2, MDB_txn *txn, const kvs_objkey *key);
 uint64_t kvs__l2_used_bytes(kvs_l2 *l2, MDB_txn *txn);
+/* Reads the object under key into dst (len bytes), verified (header, key,
+ * geometry, checksum); 0, KVS_E_MISS or KVS_E_INTERNAL. xs: the calling
+ * reader thread's hasher. */
+int kvs__l2_read_record(kvs_l2 *l2, MDB_txn *txn, const kvs_objkey *key, uint64_t geom, void *dst, uint64_t len,
+			kvs_record_hasher *xs);
 uint64_t kvs__l2_obj_pages(const kvs_l2 *l2, uint64_t len);
 int kvs__l2_evict_to(kvs_l2 *l2, MDB_txn *txn, uint64_t *bytes, uint64_t *objects, uint64_t target,
 		     uint64_t page_target, uint64_t max_freed, uint64_t *evicted);
@@ -137,5 +154,8 @@ uint64_t kvs__l2_round_pages(const kvs_l2 *l2, uint64_t x);
 void kvs__l2_set_capacity(kvs_l2 *l2);
 void kvs__l2_disk_reserve(kvs_l2 *l2, uint64_t incoming);
 void kvs__l2_disk_open(kvs_l2 *l2);
+/* Writer: starts writeback of the record at file offset off (len bytes),
+ * gathering contiguous records into runs; flush starts what is gathered. */
+void kvs__l2_writeback_kick(kvs_l2 *l2, uint64_t off, uint64_t len, bool flush);
 
 #endif

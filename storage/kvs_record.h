@@ -50,6 +50,20 @@ uint64_t kvs_record_seed(const kvs_record_hdr *h, const kvs_objkey *key);
  * slices use XXH3's streaming state with the same seed). */
 uint64_t kvs_record_sum(uint64_t seed, const void *data, uint64_t len);
 
+/* Streaming form of kvs_record_sum, for data hashed in slices as it is
+ * copied (the L2 reader and writer): reset with the seed, update with each
+ * slice in order, digest. Same value as kvs_record_sum over the whole data.
+ * Both forms use the widest vector unit the CPU has (XXH3's x86 dispatch,
+ * where libxxhash has it: AVX2 / AVX-512 hash 4x faster than the SSE2 that
+ * the plain entry points are built for). A hasher is used by one thread at
+ * a time; new returns NULL when out of memory; free accepts NULL. */
+typedef struct kvs_record_hasher kvs_record_hasher;
+kvs_record_hasher *kvs_record_hasher_new(void);
+void kvs_record_hasher_free(kvs_record_hasher *hs);
+void kvs_record_hasher_reset(kvs_record_hasher *hs, uint64_t seed);
+void kvs_record_hasher_update(kvs_record_hasher *hs, const void *data, uint64_t len);
+uint64_t kvs_record_hasher_digest(const kvs_record_hasher *hs);
+
 enum kvs_record_check {
 	KVS_RECORD_OK,   /* usable: *h filled */
 	KVS_RECORD_BAD,  /* too short, another magic or version, length not the record's: unusable by anyone */

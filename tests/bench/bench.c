@@ -162,8 +162,8 @@ static void usage(FILE *f)
 {
 	fprintf(f,
 		"Usage: kvside-bench MODE... [options]\n"
-		"Modes: copy control l2 trace restart memory gpu l3 all   (gpu: the cuda engine; reports no GPU cleanly;\n"
-		"       l3: two servers sharing a Redis Cluster tier, beside raw hiredis, and the trace over both)\n"
+		"Modes: copy control l2 writebehind trace restart memory gpu l3 all   (gpu: the cuda engine; reports no GPU\n"
+		"       cleanly; l3: two servers sharing a Redis Cluster tier, beside raw hiredis, and the trace over both)\n"
 		"       trace-lru (not in all): the trace at L1 = 25/50/100 %% of its footprint beside LRU\n"
 		"       startup (not in all): 4 ranks register CUDA memory 1 s after a start with a large L1\n"
 		"       (needs up to 96 GiB of RAM; reports no GPU cleanly)\n"
@@ -178,6 +178,7 @@ static void usage(FILE *f)
 		"  --quick           smoke sizes (seconds)\n"
 		"  --inflight N      copy: jobs in flight per rank (default 1; gpu adds a 4-rank x 2 row)\n"
 		"  --spread          gpu: rank r on GPU r %% devices, --ranks ranks only, per-GPU ceilings\n"
+		"  --gpu-ranks       writebehind: the ranks' KV cache in GPU memory (needs CUDA) instead of host memory\n"
 		"  --json            one JSON object per result\n"
 		"  --l3-redis SEEDS  l3: an existing cluster (default: start one with tests/l3/redis_cluster.py,\n"
 		"                    $KVS_RCLUSTER_HELPER)\n"
@@ -199,7 +200,7 @@ int main(int argc, char **argv)
 		{"l1-size", 1, NULL, '1'}, {"l2-size", 1, NULL, '2'}, {"trace-requests", 1, NULL, 'n'},
 		{"expect-bound", 0, NULL, 'b'}, {"inflight", 1, NULL, 'i'}, {"spread", 0, NULL, 'S'}, {"help", 0, NULL, 'h'},
 		{"l3-redis", 1, NULL, 'R'}, {"l3-masters", 1, NULL, 'M'}, {"l3-lookup-ms", 1, NULL, 'L'},
-		{"sizes", 1, NULL, 'z'}, {"check", 0, NULL, 'c'}, {NULL, 0, NULL, 0}};
+		{"sizes", 1, NULL, 'z'}, {"check", 0, NULL, 'c'}, {"gpu-ranks", 0, NULL, 'G'}, {NULL, 0, NULL, 0}};
 	int c;
 	while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
 		switch (c) {
@@ -220,6 +221,7 @@ int main(int argc, char **argv)
 		case 'L': o.l3_lookup_ms = optarg; break;
 		case 'z': o.sizes = optarg; break;
 		case 'c': o.check = true; break;
+		case 'G': o.gpu_ranks = true; break;
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return 2;
 		}
@@ -243,6 +245,8 @@ int main(int argc, char **argv)
 			r |= kvb_mode_control(&o);
 		if (all || strcmp(m, "l2") == 0)
 			r |= kvb_mode_l2(&o);
+		if (all || strcmp(m, "writebehind") == 0)
+			r |= kvb_mode_writebehind(&o);
 		if (all || strcmp(m, "trace") == 0)
 			r |= kvb_mode_trace(&o);
 		if (strcmp(m, "trace-lru") == 0) /* three replays of the trace: asked for by name only */
@@ -263,7 +267,7 @@ int main(int argc, char **argv)
 		}
 		if (strcmp(m, "startup") == 0)
 			r |= kvb_mode_startup(&o);
-		if (!all && !strstr(" copy control l2 trace trace-lru restart memory gpu l3 startup ", m)) {
+		if (!all && !strstr(" copy control l2 writebehind trace trace-lru restart memory gpu l3 startup ", m)) {
 			fprintf(stderr, "unknown mode %s\n", m);
 			return 2;
 		}

@@ -27,6 +27,7 @@ typedef struct kvb_opts {
 	const char *l3_lookup_ms; /* l3: the servers' l3-lookup-ms (NULL: 100) */
 	const char *sizes;   /* startup: L1 sizes in GiB, "8,32,96" */
 	bool check;          /* startup: exit 1 unless the no-stall targets hold */
+	bool gpu_ranks;      /* writebehind: the ranks' KV in GPU memory (cuda engine) */
 } kvb_opts;
 
 /* One result line. baseline 0 = none; target "" = none. */
@@ -59,5 +60,6 @@ int kvb_mode_gpu(const kvb_opts *o);
 /* 77 when it cannot run here (no hiredis, no redis-server) */
 int kvb_mode_l3(const kvb_opts *o);
 int kvb_mode_startup(const kvb_opts *o);
+int kvb_mode_writebehind(const kvb_opts *o);
 
 #endif

@@ -636,25 +636,81 @@ int kvb_mode_control(const kvb_opts *o)
 
 /* ---- L2 --------------------------------------------------------------------- */
 
-static int l2_wait(int efd, kvs_l2 *l2, uint32_t want, int *errs)
+/* Completions come back as in the server: through a completion queue,
+ * whose item the L2 posts once until it runs (one wakeup for many). */
+typedef struct l2_sink {
+	kvs_cq *cq;
+	uint32_t got;
+	int errs;
+} l2_sink;
+
+static l2_sink sink;
+
+static void l2_sink_done(void *arg, const kvs_l2_done *d)
 {
-	kvs_l2_done d[256];
-	uint32_t got = 0;
-	while (got < want) {
-		struct pollfd p = {.fd = efd, .events = POLLIN};
-		if (poll(&p, 1, 60000) != 1)
-			return -1;
-		uint64_t v;
-		if (read(efd, &v, sizeof(v)) < 0)
-			return -1;
-		uint32_t n;
-		while ((n = kvs_l2_reap(l2, d, 256)) > 0) {
-			for (uint32_t i = 0; i < n; i++)
-				*errs += d[i].result != 0;
-			got += n;
-		}
+	l2_sink *k = arg;
+	k->got++;
+	k->errs += d->result != 0;
+}
+
+/* Opens L2 with a fresh completion queue; l2_sink_close closes both (the
+ * L2's queue item may still be posted after its last completion, and must
+ * not run once the L2 is gone: the queue is destroyed with it). */
+static int l2_sink_open(kvs_l2_config *cfg, kvs_l2 **ret)
+{
+	sink = (l2_sink){0};
+	if (kvs_cq_create(&sink.cq) != 0)
+		return -1;
+	cfg->cq = sink.cq;
+	cfg->on_done = l2_sink_done;
+	cfg->done_arg = &sink;
+	if (kvs_l2_open(cfg, ret) != 0) {
+		kvs_cq_destroy(sink.cq);
+		return -1;
 	}
 	return 0;
+}
+
+static void l2_sink_close(kvs_l2 *l2)
+{
+	kvs_l2_close(l2);
+	kvs_cq_destroy(sink.cq);
+	sink.cq = NULL;
+}
+
+static int l2_wait(kvs_l2 *l2, uint32_t want, int *errs)
+{
+	(void)l2;
+	while (sink.got < want) {
+		struct pollfd p = {.fd = kvs_cq_fd(sink.cq), .events = POLLIN};
+		if (poll(&p, 1, 60000) != 1)
+			return -1;
+		kvs_cq_run(sink.cq);
+	}
+	sink.got -= want;
+	*errs += sink.errs;
+	sink.errs = 0;
+	return 0;
+}
+
+/* Reads objects 0..n-1 of run 77 into dst[i] with `readers` reader threads
+ * (a fresh open: a fresh map, as after a restart); seconds, or -1. */
+static double l2_read_pass(kvs_l2_config cfg, uint32_t readers, uint8_t **dst, uint32_t n, uint64_t sz, int *errs)
+{
+	cfg.readers = readers;
+	kvs_l2 *l2;
+	if (l2_sink_open(&cfg, &l2) != 0)
+		return -1;
+	double t0 = kvb_now();
+	for (uint32_t i = 0; i < n; i++) {
+		kvs_objkey k = {0};
+		kvb_key(77, i, k.chunk);
+		kvs_l2_read(l2, &k, 1, dst[i], sz, NULL);
+	}
+	int r = l2_wait(l2, n, errs);
+	double t = kvb_now() - t0;
+	l2_sink_close(l2);
+	return r ? -1 : t;
 }
 
 int kvb_mode_l2(const kvb_opts *o)
@@ -665,75 +721,271 @@ int kvb_mode_l2(const kvb_opts *o)
 	snprintf(dir, sizeof(dir), "%s/l2bench-XXXXXX", o->dir);
 	if (!mkdtemp(dir))
 		return 1;
-	uint8_t *data = malloc(sz * 16), *back = malloc(sz * n);
-	memset(back, 0, sz * n); /* warm for both the L2 and the raw read */
+	/* reads land in objects reserved in a real L1 whose arena is faulted
+	 * in first, as the server's is (l1_prefaulted_bytes) */
+	kvs_l1_config l1c = {.size = (uint64_t)n * sz + (64u << 20)};
+	kvs_l1 *l1;
+	if (kvs_l1_create(&l1c, &l1) != 0)
+		return 1;
+	uint64_t arena_len;
+	uint8_t *arena = kvs_l1_arena(l1, &arena_len);
+	for (uint64_t i = 0; i < arena_len; i += 4096)
+		arena[i] = 1;
+	uint8_t **dst = calloc(n, sizeof(*dst));
+	for (uint32_t i = 0; i < n; i++) {
+		kvs_objkey k = {0};
+		kvb_key(78, i, k.chunk);
+		kvs_l1_obj *ob;
+		if (kvs_l1_reserve(l1, &k, sz, &ob) != 0)
+			return 1;
+		dst[i] = kvs_l1_data(ob);
+	}
+	uint8_t *data = malloc(sz * 16);
 	for (uint64_t i = 0; i < sz * 16; i++)
 		data[i] = (uint8_t)(i * 131 + (i >> 12));
-	int efd = eventfd(0, EFD_CLOEXEC);
 	kvs_l2_config cfg;
 	kvs_l2_config_defaults(&cfg);
 	char path[320];
 	snprintf(path, sizeof(path), "%s/env", dir);
 	cfg.path = path;
 	cfg.size = 16ull << 30; /* sparse; large enough that group commits are not capped */
-	cfg.efd = efd;
+	uint32_t readers = cfg.readers;
 	kvs_l2 *l2;
-	if (kvs_l2_open(&cfg, &l2) != 0)
+	if (l2_sink_open(&cfg, &l2) != 0)
 		return 1;
 	int errs = 0;
-	double t0 = kvb_now();
-	for (uint32_t i = 0; i < n; i++) {
-		kvs_objkey k = {0};
-		kvb_key(77, i, k.chunk);
-		kvs_l2_write(l2, &k, 1, data + (i % 16) * sz, sz, NULL);
+	/* writes: rounds of n new objects to L2 and n MiB to a fresh raw file
+	 * (sequential write() + fsync per 256 MiB, the L2 group-commit size,
+	 * and at the end), alternating which goes first; medians. This disk's
+	 * write rate swings by 3x from one second to the next (a shared
+	 * virtual disk), so one pair of runs says little. */
+	uint32_t rounds = o->quick ? 1 : 5;
+	double tws[8], rws[8];
+	for (uint32_t r = 0; r < rounds; r++) {
+		for (int pass = 0; pass < 2; pass++) {
+			if ((pass == 0) == (r % 2 == 0)) {
+				snprintf(raw, sizeof(raw), "%s/raw-%u.bin", dir, r);
+				int fd = open(raw, O_CREAT | O_TRUNC | O_WRONLY | O_CLOEXEC, 0600);
+				double t0 = kvb_now();
+				for (uint32_t i = 0; i < n; i++) {
+					if (write(fd, data + (i % 16) * sz, sz) != (ssize_t)sz)
+						errs++;
+					if ((i + 1) % 256 == 0)
+						fsync(fd);
+				}
+				fsync(fd);
+				rws[r] = kvb_now() - t0;
+				close(fd);
+			} else {
+				double t0 = kvb_now();
+				for (uint32_t i = 0; i < n; i++) {
+					kvs_objkey k = {0};
+					kvb_key(77 + r, i, k.chunk);
+					kvs_l2_write(l2, &k, 1, data + (i % 16) * sz, sz, NULL);
+				}
+				l2_wait(l2, n, &errs);
+				tws[r] = kvb_now() - t0;
+			}
+		}
 	}
-	l2_wait(efd, l2, n, &errs);
-	double tw = kvb_now() - t0;
-	t0 = kvb_now();
-	for (uint32_t i = 0; i < n; i++) {
-		kvs_objkey k = {0};
-		kvb_key(77, i, k.chunk);
-		kvs_l2_read(l2, &k, 1, back + (uint64_t)i * sz, sz, NULL);
-	}
-	l2_wait(efd, l2, n, &errs);
-	double tr = kvb_now() - t0;
+	/* each round's ratio against its own neighbour too: the disk drifts */
+	double wratio[8];
+	for (uint32_t r = 0; r < rounds; r++)
+		wratio[r] = rws[r] / tws[r];
+	double wr = kvb_pct(wratio, rounds, 0.5);
+	double tw = kvb_pct(tws, rounds, 0.5), rw = kvb_pct(rws, rounds, 0.5);
 	kvs_l2_stats st;
 	kvs_l2_get_stats(l2, &st);
-	kvs_l2_close(l2);
-	/* raw sequential write and read of the same bytes on the same disk,
-	 * fsync per 256 MiB (the L2 group-commit size) and at the end */
-	snprintf(raw, sizeof(raw), "%s/raw.bin", dir);
-	int fd = open(raw, O_CREAT | O_TRUNC | O_WRONLY | O_CLOEXEC, 0600);
-	t0 = kvb_now();
-	for (uint32_t i = 0; i < n; i++) {
-		if (write(fd, data + (i % 16) * sz, sz) != (ssize_t)sz)
-			errs++;
-		if ((i + 1) % 256 == 0)
-			fsync(fd);
+	l2_sink_close(l2);
+	/* reads, interleaved rounds, medians: L2 with the default reader
+	 * threads, L2 with one, and the raw read of the same bytes from the
+	 * page cache (the last raw file) into the same L1 objects */
+	double trs[8], tr1s[8], rrs[8];
+	uint32_t rr_rounds = o->quick ? 1 : 3;
+	for (uint32_t r = 0; r < rr_rounds; r++) {
+		trs[r] = l2_read_pass(cfg, readers, dst, n, sz, &errs);
+		tr1s[r] = l2_read_pass(cfg, 1, dst, n, sz, &errs);
+		for (uint32_t i = 0; i < n; i++)
+			if (memcmp(dst[i], data + (i % 16) * sz, sz) != 0)
+				errs++;
+		int fd = open(raw, O_RDONLY | O_CLOEXEC);
+		double t0 = kvb_now();
+		for (uint32_t i = 0; i < n; i++)
+			if (read(fd, dst[i], sz) != (ssize_t)sz)
+				errs++;
+		rrs[r] = kvb_now() - t0;
+		close(fd);
 	}
-	fsync(fd);
-	double rw = kvb_now() - t0;
-	close(fd);
-	fd = open(raw, O_RDONLY | O_CLOEXEC);
-	t0 = kvb_now();
-	for (uint32_t i = 0; i < n; i++)
-		if (read(fd, back + (uint64_t)i * sz, sz) != (ssize_t)sz)
-			errs++;
-	double rr = kvb_now() - t0;
-	close(fd);
+	double rratio[8], rratio1[8];
+	for (uint32_t r = 0; r < rr_rounds; r++) {
+		rratio[r] = trs[r] > 0 ? rrs[r] / trs[r] : 0;
+		rratio1[r] = tr1s[r] > 0 ? rrs[r] / tr1s[r] : 0;
+	}
+	double rq = kvb_pct(rratio, rr_rounds, 0.5), rq1 = kvb_pct(rratio1, rr_rounds, 0.5);
+	double tr = kvb_pct(trs, rr_rounds, 0.5), tr1 = kvb_pct(tr1s, rr_rounds, 0.5), rr = kvb_pct(rrs, rr_rounds, 0.5);
 	double mb = (double)n * sz / 1e9;
-	kvb_result("l2 write (LMDB group commit, sync full, 1 MiB objects)", mb / tw, "GB/s", mb / rw, ">= 0.80 x raw write");
-	kvb_result("l2 read (checksum verified, into memory)", mb / tr, "GB/s", mb / rr, "");
-	kvb_note("l2: %u objects in %llu group commits; raw baseline = sequential write() + fsync per 256 MiB on the same "
-		 "directory, reads from the page cache for both", n, (unsigned long long)st.write_batches);
+	char nm[128];
+	kvb_result("l2 write (LMDB group commit, sync full, 1 MiB objects)", mb / tw, "GB/s", mb / rw, ">= 0.90 x raw write + fsync");
+	snprintf(nm, sizeof(nm), "l2 read (checksum verified, into L1, %u reader threads)", readers);
+	kvb_result(nm, tr > 0 ? mb / tr : 0, "GB/s", mb / rr, ">= 0.80 x raw page-cache read");
+	kvb_result("l2 read (checksum verified, into L1, 1 reader thread)", tr1 > 0 ? mb / tr1 : 0, "GB/s", mb / rr, "");
+	kvb_result("l2 write / raw write + fsync, median of the rounds' own ratios", wr, "ratio", 1, ">= 0.90");
+	snprintf(nm, sizeof(nm), "l2 read (%u reader threads) / raw read, median of the rounds' own ratios", readers);
+	kvb_result(nm, rq, "ratio", 1, ">= 0.80");
+	kvb_result("l2 read (1 reader thread) / raw read, median of the rounds' own ratios", rq1, "ratio", 1, "");
+	kvb_note("l2: %u rounds of %u objects of 1 MiB (%llu group commits), medians; write baseline = the same bytes "
+		 "by sequential write() + fsync per 256 MiB to a fresh file in the same directory, alternating with the "
+		 "L2 round; read baseline = one read() per object of such a file from the page cache into the same "
+		 "pre-faulted L1 objects (one thread); each L2 read pass opens the environment afresh (a fresh map); "
+		 "%u interleaved read rounds, medians", rounds, n, (unsigned long long)st.write_batches, rr_rounds);
 	char cmd[400];
 	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
 	if (system(cmd) != 0)
 		errs++;
 	free(data);
-	free(back);
-	close(efd);
-	return errs ? 1 : 0;
+	free(dst);
+	kvs_l1_destroy(l1);
+	return errs || tr < 0 || tr1 < 0 ? 1 : 0;
+}
+
+/* ---- write-behind under sustained stores (issue 18) ------------------------ */
+
+/* Shared by the writebehind ranks (MAP_SHARED, set before they fork): the
+ * first job index that no rank starts. */
+static _Atomic uint32_t *wb_stop_at;
+
+/* A rank storing jobs of cc->chunks objects back to back for cc->jobs
+ * seconds (every rank stores its part of the same jobs; a job completes
+ * once all parts are in, so the ranks move in lockstep): rank 0 decides the
+ * end, after job j, as j + 2 — no other rank can have started j + 2 then,
+ * since j + 1 needs rank 0's part. t_store = the time it stored, n_lat =
+ * the jobs it stored. */
+static void wb_child(const kvt_server *s, const copy_cfg *cc, uint32_t rank, int go_fd, int out_fd)
+{
+	rank_ctx r;
+	rank_out out = {0};
+	out.rc = rank_setup(s, "wb", rank, cc->ranks, cc->g, &r);
+	char b;
+	if (write(out_fd, &out.rc, sizeof(out.rc)) < 0 || read(go_fd, &b, 1) != 1)
+		_exit(1);
+	double t0 = kvb_now();
+	uint32_t j = 0;
+	for (; !out.rc && j < atomic_load(wb_stop_at); j++) {
+		out.rc = run_job(&r, true, cc->run * 1000000 + j, cc->run, (uint64_t)j * cc->chunks, cc->chunks, 0, 1, NULL);
+		if (out.rc)
+			fprintf(stderr, "writebehind: rank %u job %u: %s\n", rank, j, kvs_strerror(out.rc));
+		if (rank == 0 && kvb_now() - t0 >= cc->jobs && atomic_load(wb_stop_at) == UINT32_MAX)
+			atomic_store(wb_stop_at, j + 2);
+	}
+	out.t_store = kvb_now() - t0;
+	out.n_lat = j;
+	if (write(out_fd, &out, sizeof(out)) != sizeof(out))
+		_exit(1);
+	kvs_client_close(r.c);
+	_exit(0);
+}
+
+/* The raw disk write rate: bytes by sequential write() + fsync per
+ * 256 MiB to a fresh file in dir (removed after); GB/s or -1. */
+static double raw_write_gbs(const char *dir, uint64_t bytes)
+{
+	char path[400];
+	snprintf(path, sizeof(path), "%s/raw-XXXXXX", dir);
+	int fd = mkstemp(path);
+	if (fd < 0)
+		return -1;
+	uint64_t chunk = 1 << 20;
+	uint8_t *buf = malloc(chunk);
+	for (uint64_t i = 0; i < chunk; i++)
+		buf[i] = (uint8_t)(i * 131 + (i >> 12));
+	double t0 = kvb_now();
+	int bad = 0;
+	for (uint64_t done = 0; done < bytes; done += chunk) {
+		if (write(fd, buf, chunk) != (ssize_t)chunk)
+			bad = 1;
+		if ((done / chunk + 1) % 256 == 0)
+			fsync(fd);
+	}
+	fsync(fd);
+	double t = kvb_now() - t0;
+	close(fd);
+	unlink(path);
+	free(buf);
+	return bad ? -1 : (double)bytes / t / 1e9;
+}
+
+int kvb_mode_writebehind(const kvb_opts *o)
+{
+	char l2p[320], l1[32], l2s[32];
+	snprintf(l2p, sizeof(l2p), "%s/wb-l2-%d", o->dir, (int)getpid());
+	uint64_t l1b = o->l1_size ? o->l1_size : (o->gpu_ranks ? (16ull << 30) : (1ull << 30));
+	snprintf(l1, sizeof(l1), "%llu", (unsigned long long)l1b);
+	snprintf(l2s, sizeof(l2s), "%llu", (unsigned long long)(o->l2_size ? o->l2_size : (16ull << 30)));
+	uint32_t seconds = o->quick ? 1 : 8;
+	/* 1 MiB objects (16 blocks of 64 KiB), 8 per job */
+	copy_cfg cc = {.ranks = o->ranks, .run = 97, .jobs = seconds, .chunks = 8,
+		       .g = {.layers = 1, .bpc = 16, .nb = 16 * 8, .block = 64 << 10, .cuda = o->gpu_ranks}};
+	uint64_t obj = (uint64_t)cc.g.layers * cc.g.bpc * cc.g.block;
+	/* the raw rate before and after the L2 run, as many bytes as the disk
+	 * takes in a few seconds */
+	uint64_t raw_bytes = o->quick ? (128ull << 20) : (2048ull << 20);
+	double raw0 = raw_write_gbs(o->dir, raw_bytes);
+	kvt_server s;
+	if (kvb_server_start(o, &s, "--l1-size", l1, "--l2-path", l2p, "--l2-size", l2s, "--l2-sync", "full", NULL))
+		return 1;
+	kvs_client *sc = kvt_client(&s, "wb", KVS_ROLE_SCHEDULER, 0, 1, NULL, NULL);
+	for (int w = 0; sc && o->gpu_ranks && w < 3000 && kvb_stat(sc, "cuda_pinned_bytes") < kvb_stat(sc, "l1_capacity"); w++)
+		usleep(10000);
+	rank_out outs[64];
+	wb_stop_at = mmap(NULL, sizeof(*wb_stop_at), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	if (wb_stop_at == MAP_FAILED)
+		return 1;
+	atomic_store(wb_stop_at, UINT32_MAX);
+	uint64_t c0 = sc ? kvb_stat(sc, "l2_writes_committed") : 0, b0 = sc ? kvb_stat(sc, "l2_write_batches") : 0;
+	int rc = !sc || run_ranks(&s, &cc, wb_child, outs) != 0;
+	uint64_t c1 = kvb_stat(sc, "l2_writes_committed"), d1 = kvb_stat(sc, "l2_write_drops");
+	uint64_t b1 = kvb_stat(sc, "l2_write_batches");
+	double win = 0;
+	uint64_t stored = 0;
+	for (uint32_t i = 0; !rc && i < cc.ranks; i++) {
+		win = outs[i].t_store > win ? outs[i].t_store : win;
+		stored += (uint64_t)outs[i].n_lat * cc.chunks;
+	}
+	munmap(wb_stop_at, sizeof(*wb_stop_at));
+	/* then the queue drains: every stored object is committed or dropped */
+	double t0 = kvb_now();
+	for (int w = 0; !rc && w < 6000 && kvb_stat(sc, "l2_writes_committed") + kvb_stat(sc, "l2_write_drops") < stored; w++)
+		usleep(10000);
+	double drain = kvb_now() - t0;
+	uint64_t c2 = kvb_stat(sc, "l2_writes_committed"), d2 = kvb_stat(sc, "l2_write_drops");
+	kvs_client_close(sc);
+	kvt_server_stop(&s);
+	kvt_server_cleanup(&s);
+	char cmd[400];
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", l2p);
+	if (system(cmd) != 0)
+		rc = 1;
+	double raw1 = raw_write_gbs(o->dir, raw_bytes);
+	if (rc || raw0 < 0 || raw1 < 0 || win <= 0) {
+		fprintf(stderr, "writebehind: failed (ranks %s, raw %.3f / %.3f GB/s)\n", rc ? "failed" : "ok", raw0, raw1);
+		return 1;
+	}
+	double raw = (raw0 + raw1) / 2, commit = (double)(c1 - c0) * obj / win / 1e9;
+	char nm[200];
+	snprintf(nm, sizeof(nm), "l2 write-behind commit rate during sustained stores (%u %s ranks, %llu MiB objects)",
+		 cc.ranks, o->gpu_ranks ? "GPU" : "host-memory", (unsigned long long)(obj >> 20));
+	kvb_result(nm, commit, "GB/s", raw, ">= 0.80 x raw write + fsync");
+	kvb_result("l2 write-behind: store rate offered (same window)", (double)stored * obj / win / 1e9, "GB/s", 0, "");
+	kvb_result("l2 write-behind: objects dropped of those stored", (double)d2, "objects", (double)stored, "");
+	kvb_note("writebehind: %u s of back-to-back store jobs (8 objects each) by %u ranks through a %llu MiB L1 "
+		 "(--l2-sync full); %llu objects stored, %llu committed and %llu dropped in the window (%llu group "
+		 "commits), then %llu committed and %llu dropped in all after %.1f s of draining; raw = sequential "
+		 "write() + fsync per 256 MiB of %llu MiB to a fresh file in the same directory, %.3f GB/s before the "
+		 "L2 run and %.3f after (mean)", seconds, cc.ranks, (unsigned long long)(l1b >> 20),
+		 (unsigned long long)stored, (unsigned long long)(c1 - c0), (unsigned long long)d1,
+		 (unsigned long long)(b1 - b0), (unsigned long long)c2, (unsigned long long)d2, drain,
+		 (unsigned long long)(raw_bytes >> 20), raw0, raw1);
+	return 0;
 }
 
 /* ---- trace replay -------------------------------------------------------------- */
@@ -1061,15 +1313,37 @@ static int fill(kvs_client *sc, rank_ctx *r, uint64_t run, uint64_t n)
 	return 0;
 }
 
+/* Polls for the server's ZeroMQ socket file: when it appears, the server
+ * is listening (bound after its modules, L2 included, are open). */
+typedef struct listen_probe {
+	char path[400];
+	double t0, at;
+	atomic_int stop;
+} listen_probe;
+
+static void *listen_probe_main(void *p)
+{
+	listen_probe *lp = p;
+	while (!atomic_load(&lp->stop) && kvb_now() - lp->t0 < 20) {
+		if (access(lp->path, F_OK) == 0) {
+			lp->at = kvb_now() - lp->t0;
+			break;
+		}
+		usleep(500);
+	}
+	return NULL;
+}
+
 int kvb_mode_restart(const kvb_opts *o)
 {
-	uint64_t sizes[2] = {o->quick ? 500 : 2000, o->quick ? 5000 : 20000};
+	/* 4 KiB objects: 200,000 take 1.6 GB of disk (two LMDB pages each) */
+	uint64_t sizes[2] = {o->quick ? 500 : 20000, o->quick ? 5000 : 200000};
 	int rc = 0;
 	for (int i = 0; i < 2 && !rc; i++) {
 		char l2p[320];
 		snprintf(l2p, sizeof(l2p), "%s/restart-l2-%d-%d", o->dir, (int)getpid(), i);
 		kvt_server s;
-		if (kvb_server_start(o, &s, "--l1-size", "1073741824", "--l2-path", l2p, "--l2-size", "2147483648", NULL))
+		if (kvb_server_start(o, &s, "--l1-size", "1073741824", "--l2-path", l2p, "--l2-size", "4294967296", NULL))
 			return 1;
 		geo g = {.layers = 1, .bpc = 1, .nb = 4096, .block = 4096};
 		rank_ctx r;
@@ -1087,17 +1361,26 @@ int kvb_mode_restart(const kvb_opts *o)
 		kvt_server_stop(&s);
 		/* restart: time from exec to the first L2 hit seen by a fresh
 		 * client (the same run dir and arguments) */
+		listen_probe lp = {.at = -1};
+		snprintf(lp.path, sizeof(lp.path), "%s/kvside.zmq", s.run);
+		pthread_t lpt;
 		double t0 = kvb_now();
+		lp.t0 = t0;
+		pthread_create(&lpt, NULL, listen_probe_main, &lp);
 		if (kvt_server_spawn(&s) != 0) {
+			atomic_store(&lp.stop, 1);
+			pthread_join(lpt, NULL);
 			rc = 1;
 			break;
 		}
 		uint8_t key[32];
 		kvb_key(555 + i, 0, key);
-		double hit_at = -1;
+		double hit_at = -1, conn_at = -1;
 		while (kvb_now() - t0 < 20) {
 			kvs_client *c = kvt_client(&s, "restart", KVS_ROLE_SCHEDULER, 0, 1, NULL, NULL);
 			uint64_t h = 0;
+			if (c && conn_at < 0)
+				conn_at = kvb_now() - t0;
 			if (c && kvs_lookup(c, key, 1, false, 0, 2000, &h, NULL) == 0 && h == 1)
 				hit_at = kvb_now() - t0;
 			kvs_client_close(c);
@@ -1105,9 +1388,15 @@ int kvb_mode_restart(const kvb_opts *o)
 				break;
 			usleep(2000);
 		}
+		atomic_store(&lp.stop, 1);
+		pthread_join(lpt, NULL);
 		char nm[96];
 		snprintf(nm, sizeof(nm), "restart to first L2 hit, %llu objects in L2", (unsigned long long)sizes[i]);
-		kvb_result(nm, hit_at * 1e3, "ms", 0, "< 1000 ms, flat in L2 size");
+		kvb_result(nm, hit_at * 1e3, "ms", 0, "<= 250 ms");
+		snprintf(nm, sizeof(nm), "restart to listening (socket bound), %llu objects in L2", (unsigned long long)sizes[i]);
+		kvb_result(nm, lp.at * 1e3, "ms", 0, "");
+		kvb_note("restart, %llu objects: listening at %.1f ms, the first client connected (hello answered) at "
+			 "%.1f ms, first hit at %.1f ms", (unsigned long long)sizes[i], lp.at * 1e3, conn_at * 1e3, hit_at * 1e3);
 		if (hit_at < 0)
 			rc = 1;
 		kvt_server_stop(&s);
