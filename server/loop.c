@@ -241,8 +241,6 @@ static int modules_init(kvs_server *srv)
 	if ((r = kvs_jobs_create(srv, &srv->jobs)) < 0)
 		goto fail;
 	kvs_info("host copy engine: %u threads", srv->cfg.copy_threads);
-	if (srv->cfg.l1_prefault && pthread_create(&srv->prefault, NULL, prefault_main, srv) == 0)
-		srv->prefault_started = true;
 	return 0;
 fail:
 	modules_fini(srv); /* every destroy accepts what was never created */
@@ -537,6 +535,11 @@ int kvs_server_create(const kvs_server_config *cfg, kvs_server **ret)
 			 cfg->kv_events_replay);
 	}
 	kvs__metrics_init(srv); /* never fails start-up: see metrics.h */
+	/* the L1 prefault starts once the sockets are bound: populating the
+	 * arena holds the mmap lock that every thread and socket created during
+	 * start-up needs (issue 18: 150-230 ms before listening on the H200) */
+	if (srv->cfg.l1_prefault && pthread_create(&srv->prefault, NULL, prefault_main, srv) == 0)
+		srv->prefault_started = true;
 	*ret = srv;
 	return 0;
 
