@@ -481,33 +481,6 @@ int kvs_rcluster_set(kvs_rcluster *c, const void *key, size_t klen, const void *
 	return done(c, rc);
 }
 
-int kvs_rcluster_get(kvs_rcluster *c, const void *key, size_t klen, void *buf, size_t cap, size_t *ret_len)
-{
-	const char *argv[2] = {"GET", bytes(key)};
-	size_t lens[2] = {3, klen};
-	redisReply *r;
-	CNT(c, calls, 1);
-	int rc = run(c, kvs_rcluster_keyslot(key, klen), 2, argv, lens, klen, &r);
-	if (rc)
-		return done(c, rc);
-	if (r->type == REDIS_REPLY_NIL) {
-		rc = KVS_E_MISS;
-	} else if (r->type != REDIS_REPLY_STRING) {
-		return done(c, unexpected(c, "GET", r));
-	} else {
-		CNT(c, bytes_in, r->len);
-		if (r->len > cap) {
-			kvs__rcl_set_err(c, "value of %zu bytes, buffer of %zu", r->len, cap);
-			rc = KVS_E_LIMIT;
-		} else if (r->len) {
-			memcpy(buf, r->str, r->len);
-		}
-		*ret_len = r->len;
-	}
-	freeReplyObject(r);
-	return done(c, rc);
-}
-
 int kvs_rcluster_getv(kvs_rcluster *c, const void *key, size_t klen, const struct iovec *iov, int iovcnt,
 		      size_t *ret_len)
 {
@@ -528,7 +501,7 @@ int kvs_rcluster_getv(kvs_rcluster *c, const void *key, size_t klen, const struc
 	} else {
 		CNT(c, bytes_in, r->len);
 		if (r->len > cap) {
-			kvs__rcl_set_err(c, "value of %zu bytes, buffers of %zu", r->len, cap);
+			kvs__rcl_set_err(c, "value of %zu bytes, buffer of %zu", r->len, cap);
 			rc = KVS_E_LIMIT;
 		} else {
 			size_t off = 0;
@@ -542,6 +515,12 @@ int kvs_rcluster_getv(kvs_rcluster *c, const void *key, size_t klen, const struc
 	}
 	freeReplyObject(r);
 	return done(c, rc);
+}
+
+int kvs_rcluster_get(kvs_rcluster *c, const void *key, size_t klen, void *buf, size_t cap, size_t *ret_len)
+{
+	struct iovec iov = {buf, cap};
+	return kvs_rcluster_getv(c, key, klen, &iov, 1, ret_len);
 }
 
 int kvs_rcluster_del(kvs_rcluster *c, const void *key, size_t klen)

@@ -1041,6 +1041,17 @@ static treq *load_trace(const char *path, uint32_t limit, uint32_t *ret_n, uint3
 	return r;
 }
 
+/* The trace the options name: --trace-requests of it (300 with --quick, else
+ * all), or NULL after saying why (mode names the caller). */
+static treq *trace_for(const kvb_opts *o, const char *mode, uint32_t *ret_n, uint32_t *ret_max)
+{
+	uint32_t limit = o->trace_requests ? o->trace_requests : (o->quick ? 300 : 0);
+	treq *tr = load_trace(o->trace, limit, ret_n, ret_max);
+	if (!tr)
+		fprintf(stderr, "%s: cannot read %s\n", mode, o->trace);
+	return tr;
+}
+
 /* One replay of the trace through a fresh server with an L1 of l1b bytes (and
  * L2 when o->l2_size): lookup with prefetch, retrieve the hit, store the
  * rest, one rank, 4 KiB per 512-token block. *hits are the hit blocks. */
@@ -1153,12 +1164,9 @@ static uint32_t trace_max_id(const treq *tr, uint32_t nreq)
 int kvb_mode_trace(const kvb_opts *o)
 {
 	uint32_t nreq, mx;
-	uint32_t limit = o->trace_requests ? o->trace_requests : (o->quick ? 300 : 0);
-	treq *tr = load_trace(o->trace, limit, &nreq, &mx);
-	if (!tr) {
-		fprintf(stderr, "trace: cannot read %s\n", o->trace);
+	treq *tr = trace_for(o, "trace", &nreq, &mx);
+	if (!tr)
 		return 1;
-	}
 	/* infinite-cache bound: a request hits its leading run of ids seen before */
 	uint8_t *seen = calloc(trace_max_id(tr, nreq) + 1, 1);
 	uint64_t total = 0, bound_hits = 0;
@@ -1249,12 +1257,9 @@ static uint64_t lru_hits(const treq *tr, uint32_t nreq, uint32_t maxid, uint64_t
 int kvb_mode_trace_lru(const kvb_opts *o)
 {
 	uint32_t nreq, mx;
-	uint32_t limit = o->trace_requests ? o->trace_requests : (o->quick ? 300 : 0);
-	treq *tr = load_trace(o->trace, limit, &nreq, &mx);
-	if (!tr) {
-		fprintf(stderr, "trace-lru: cannot read %s\n", o->trace);
+	treq *tr = trace_for(o, "trace-lru", &nreq, &mx);
+	if (!tr)
 		return 1;
-	}
 	uint32_t maxid = trace_max_id(tr, nreq);
 	uint8_t *seen = calloc(maxid + 1, 1);
 	uint64_t distinct = 0, total = 0;
@@ -2147,12 +2152,9 @@ static int trace_l3_replay(tsrv *sv, uint32_t n, const treq *tr, uint32_t nreq, 
 static int l3_trace(const kvb_opts *o, const char *seeds)
 {
 	uint32_t nreq, mx;
-	uint32_t limit = o->trace_requests ? o->trace_requests : (o->quick ? 300 : 0);
-	treq *tr = load_trace(o->trace, limit, &nreq, &mx);
-	if (!tr) {
-		fprintf(stderr, "trace: cannot read %s\n", o->trace);
+	treq *tr = trace_for(o, "trace", &nreq, &mx);
+	if (!tr)
 		return 1;
-	}
 	uint64_t total = 0;
 	for (uint32_t i = 0; i < nreq; i++)
 		total += tr[i].n;

@@ -271,6 +271,23 @@ def l3_server(seeds, *extra, l2=True, l1_size="64M", prefix="kvt-l3-", lookup_ms
     return Server(*(args + list(extra)), l2=l2, l1_size=l1_size, prefix=prefix, ttl_ms=5000)
 
 
+def teardown(holder, ranks=(), servers=("s1", "s2")):
+    """Closes holder's ranks (the attributes named, and any Rank in a list
+    named "ranks"), stops and removes its servers, stops its cluster: a
+    test class's tearDownClass, whatever setUpClass got to."""
+    for name in ranks:
+        if hasattr(holder, name):
+            getattr(holder, name).close()
+    for r in getattr(holder, "ranks", None) or []:
+        r.close()
+    for name in servers:
+        if hasattr(holder, name):
+            getattr(holder, name).stop()
+            getattr(holder, name).cleanup()
+    if hasattr(holder, "rc"):
+        holder.rc.stop()
+
+
 def scheduler(srv, timeout_ms=5000, ns=NS):
     return kvside.Client("sched", ns, role="scheduler", broker_dir=srv.run, timeout_ms=timeout_ms)
 

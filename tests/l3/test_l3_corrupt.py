@@ -44,14 +44,7 @@ class CorruptTest(unittest.TestCase):
 
     @classmethod
     def tearDownClass(cls):
-        for r in ("a", "b"):
-            if hasattr(cls, r):
-                getattr(cls, r).close()
-        for s in ("s1", "s2"):
-            if hasattr(cls, s):
-                getattr(cls, s).stop()
-                getattr(cls, s).cleanup()
-        cls.rc.stop()
+        l3lib.teardown(cls, ranks=("a", "b"))
 
     def get(self, ck):
         return self.rc.route("GET", redis_key(objkey(ck)))

@@ -102,14 +102,7 @@ class FailoverTest(unittest.TestCase):
 
     @classmethod
     def tearDownClass(cls):
-        for r in ("a", "b"):
-            if hasattr(cls, r):
-                getattr(cls, r).close()
-        for s in ("s1", "s2"):
-            if hasattr(cls, s):
-                getattr(cls, s).stop()
-                getattr(cls, s).cleanup()
-        cls.rc.stop()
+        l3lib.teardown(cls, ranks=("a", "b"))
 
     def prestore(self, prompts):
         """Stores prompts through server 1 and waits until L3 has them (server

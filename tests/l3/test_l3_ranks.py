@@ -29,13 +29,7 @@ class RanksTest(unittest.TestCase):
 
     @classmethod
     def tearDownClass(cls):
-        for r in cls.ranks:
-            r.close()
-        for s in ("s1", "s2"):
-            if hasattr(cls, s):
-                getattr(cls, s).stop()
-                getattr(cls, s).cleanup()
-        cls.rc.stop()
+        l3lib.teardown(cls)
 
     def rank(self, srv, engine, rank, world):
         r = Rank(srv, engine, LAYERS, 256, BLOCK, rank=rank, world=world)
