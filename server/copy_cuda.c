@@ -14,9 +14,12 @@
 #include "kvs_cuda.h"
 #include "kvs_error.h"
 #include "kvs_log.h"
+#include "kvs_trace.h"
 #include "kvs_time.h"
 
 #include "copy_cuda_impl.h"
+
+static void poll_unlist(kvs_cuda_engine *e, struct inflight *f);
 
 /* Claims slice i for pinning (UNPINNED -> PINNING). */
 static bool slice_claim(kvs_cuda_engine *e, uint32_t i)
@@ -158,6 +161,8 @@ int kvs_cuda_engine_create(kvs_cq *cq, void *arena, uint64_t arena_size, const k
 	e->stage_min = sm ? strtoull(sm, NULL, 10) : opts->stage_min;
 	if (e->stage_bytes < STAGE_SLOTS * 4096ull)
 		e->stage_bytes = 0;
+	const char *ps = getenv("KVS_CUDA_POLL_US");
+	e->poll_spin_ns = (ps ? strtoull(ps, NULL, 10) : opts->poll_us) * 1000ull;
 	for (int d = 0; d < e->n_dev; d++) {
 		CUresult r;
 		if ((r = cu->cuDeviceGet(&e->dev[d], d)) != CUDA_SUCCESS ||
@@ -244,6 +249,8 @@ void kvs_cuda_engine_destroy(kvs_cuda_engine *e)
 		for (uint32_t i = 0; i < e->n_spare_stage[d]; i++)
 			CU(e, cuMemFree)(e->spare_stage[d][i]);
 	}
+	while (e->poll_head) /* none normally: every part completed before */
+		poll_unlist(e, e->poll_head);
 	for (uint32_t i = 0; e->slice && i < e->n_slices; i++)
 		if (atomic_load(&e->slice[i]) == SLICE_READY)
 			CU(e, cuMemHostUnregister)(e->arena + (uint64_t)i * SLICE);
@@ -398,12 +405,44 @@ static bool stage_ready(kvs_cuda_engine *e, kvs_cuda_stream *s)
 
 static void inflight_done(kvs_cq_item *it);
 
+static void inflight_unref(inflight *f)
+{
+	if (atomic_fetch_sub(&f->refs, 1) == 1) {
+		free(f->tasks);
+		free(f);
+	}
+}
+
 static void CUDA_CB host_done(void *arg)
 {
 	inflight *f = arg;
 	kvs_cuda_engine *e = f->e;
+	if (atomic_exchange(&f->claimed, true)) { /* the loop saw it first */
+		inflight_unref(f);
+		return;
+	}
 	f->t_done = kvs_now_ns();
-	kvs_cq_post(e->cq, &f->cq);
+	KVS_TRACE(KVS_TP_SRV_GPU_DONE, f->n_tasks);
+	kvs_cq_post(e->cq, &f->cq); /* inflight_done drops the host function's ref */
+}
+
+/* Takes f off the poll list; true if it was on it (the caller then owns the
+ * list's reference and drops it when done with f). */
+static bool poll_unlink(kvs_cuda_engine *e, inflight *f)
+{
+	if (!f->listed)
+		return false;
+	*(f->pprev ? &f->pprev->pnext : &e->poll_head) = f->pnext;
+	*(f->pnext ? &f->pnext->pprev : &e->poll_tail) = f->pprev;
+	f->listed = false;
+	e->n_polled--;
+	return true;
+}
+
+static void poll_unlist(kvs_cuda_engine *e, inflight *f)
+{
+	if (poll_unlink(e, f))
+		inflight_unref(f);
 }
 
 /* Is [p, p+len) host memory of the arena inside pinned slices? */
@@ -766,12 +805,15 @@ static void submit_part(kvs_cuda_engine *e, kvs_cuda_stream *s, const kvs_copy_p
 			}
 			one[0] = tasks[i];
 			*g = (inflight){.cq.done = inflight_done, .tasks = one, .n_tasks = 1, .e = e};
+			atomic_init(&g->refs, 1);
 			host_done(g);
 		}
 		return;
 	}
 	memcpy(own, tasks, nt * sizeof(*own));
 	*f = (inflight){.cq.done = inflight_done, .tasks = own, .n_tasks = nt, .e = e};
+	atomic_init(&f->refs, 1);
+	atomic_init(&f->claimed, false);
 	uint64_t t0 = kvs_now_ns();
 	if (use(e, s->dev) != 0) {
 		r = CUDA_ERROR_INVALID_CONTEXT;
@@ -814,6 +856,14 @@ static void submit_part(kvs_cuda_engine *e, kvs_cuda_stream *s, const kvs_copy_p
 	if ((r = CU(e, cuLaunchHostFunc)(done_on, host_done, f)) != CUDA_SUCCESS)
 		goto fail;
 	f->counted = true;
+	if (e->poll_spin_ns && f->end) { /* the loop may see the end first */
+		atomic_fetch_add(&f->refs, 1);
+		f->listed = true;
+		f->pprev = e->poll_tail;
+		*(e->poll_tail ? &e->poll_tail->pnext : &e->poll_head) = f;
+		e->poll_tail = f;
+		e->n_polled++;
+	}
 	atomic_fetch_add(&e->parts_inflight, 1);
 	atomic_store(&e->copy_active_ns, kvs_now_ns());
 	if (s->stage && (r = CU(e, cuEventRecord)(s->last, final)) != CUDA_SUCCESS) {
@@ -841,12 +891,16 @@ fail:
 	host_done(f);
 }
 
-/* A part's callback ran (completion queue, main loop): release what the part
- * held in the engine, then hand each task to its submitter. */
-static void inflight_done(kvs_cq_item *it)
+/* A part ended (main loop, once: after its host function posted it or the
+ * loop's query saw its end first): release what the part held in the engine,
+ * then hand each task to its submitter. */
+static void part_complete(inflight *f)
 {
-	inflight *f = (inflight *)it; /* cq is the first member */
 	kvs_cuda_engine *e = f->e;
+	KVS_TRACE(KVS_TP_SRV_PART_DONE, f->n_tasks);
+	/* the list's reference is dropped last: once it is, a host function
+	 * still to run may free f */
+	bool listed = poll_unlink(e, f);
 	if (f->counted) {
 		atomic_fetch_sub(&e->parts_inflight, 1);
 		atomic_store(&e->copy_active_ns, kvs_now_ns());
@@ -866,8 +920,51 @@ static void inflight_done(kvs_cq_item *it)
 	}
 	for (uint32_t i = 0; i < f->n_tasks; i++)
 		f->tasks[i]->cq.done(&f->tasks[i]->cq);
-	free(f->tasks);
-	free(f);
+	f->n_tasks = 0;
+	if (listed)
+		inflight_unref(f);
+}
+
+static void inflight_done(kvs_cq_item *it)
+{
+	inflight *f = (inflight *)it; /* cq is the first member */
+	part_complete(f);
+	inflight_unref(f); /* the host function's */
+}
+
+bool kvs_cuda_poll(kvs_cuda_engine *e, uint32_t *completed)
+{
+	*completed = 0;
+	if (!e || !e->poll_head)
+		return false;
+	/* while pinning runs, a query could wait behind cuMemHostRegister in
+	 * the driver: the host functions report then */
+	if (atomic_load(&e->pin_left) != 0)
+		return false;
+	uint64_t now = kvs_now_ns();
+	bool spin = false;
+	for (inflight *f = e->poll_head, *nx; f; f = nx) {
+		nx = f->pnext;
+		if (use(e, f->dev) != 0)
+			break;
+		CUresult r = CU(e, cuEventQuery)(f->end);
+		if (r == CUDA_SUCCESS) {
+			if (!atomic_exchange(&f->claimed, true)) {
+				f->t_done = kvs_now_ns();
+				KVS_TRACE(KVS_TP_SRV_GPU_DONE, f->n_tasks);
+				e->st.parts_polled++;
+				(*completed)++;
+				part_complete(f); /* unlists it */
+			} else {
+				poll_unlist(e, f); /* its host function posted it */
+			}
+		} else if (r != CUDA_ERROR_NOT_READY) {
+			poll_unlist(e, f); /* the host function reports it */
+		} else if (now - f->t_submit < e->poll_spin_ns) {
+			spin = true;
+		}
+	}
+	return spin;
 }
 
 void kvs_cuda_get_stats(kvs_cuda_engine *e, kvs_cuda_stats *st)

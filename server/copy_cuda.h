@@ -29,6 +29,7 @@ typedef struct kvs_cuda_span kvs_cuda_span; /* imported allocations mapped back 
 typedef struct kvs_cuda_opts {
 	uint64_t stage_bytes; /* device staging per registration; 0 (or < 16 KiB) = never stage */
 	uint64_t stage_min;   /* mean L1 run from which a part is staged */
+	uint64_t poll_us;     /* the loop polls a part's end this long after queueing it (0: never) */
 } kvs_cuda_opts;
 
 int kvs_cuda_engine_create(kvs_cq *cq, void *arena, uint64_t arena_size, const kvs_cuda_opts *opts,
@@ -93,6 +94,16 @@ void kvs_cuda_submit(kvs_cuda_engine *e, kvs_cuda_stream *s, const kvs_copy_part
  * before the job table waits for copies). Accepts NULL. */
 void kvs_cuda_engine_quiesce(kvs_cuda_engine *e);
 int kvs_cuda_stream_device(const kvs_cuda_stream *s);
+/* Main loop: completes the parts whose end event fired, without waiting for
+ * their host functions (a host function runs tens of microseconds after the
+ * GPU reaches it, and the loop's wake-up on its post costs as much again on
+ * a virtual machine, issue 18). Returns true while a part queued less than
+ * the spin window ago is in flight and L1 is pinned: the loop then polls
+ * instead of sleeping. The host functions stay as the safety net: a part
+ * past the window, or any part while pinning still holds the driver,
+ * completes through them. *completed: the parts it completed. Accepts NULL
+ * (false). */
+bool kvs_cuda_poll(kvs_cuda_engine *e, uint32_t *completed);
 /* The engine as a copy engine (copy.h); the stream is a kvs_cuda_stream. */
 kvs_copy_engine *kvs_cuda_copy_engine(kvs_cuda_engine *e);
 
@@ -103,6 +114,7 @@ typedef struct kvs_cuda_stats {
 	uint64_t submit_ns;      /* main-loop time spent queueing parts */
 	uint64_t staging_bytes;  /* device memory held for staging by registrations now */
 	uint64_t staging_spare_bytes; /* staging memory of released registrations kept for the next */
+	uint64_t parts_polled;   /* parts whose completion the loop saw first by querying (kvs_cuda_poll) */
 } kvs_cuda_stats;
 void kvs_cuda_get_stats(kvs_cuda_engine *e, kvs_cuda_stats *st);
 

@@ -58,9 +58,20 @@ typedef struct desc_buf {
 	bool pooled;
 } desc_buf;
 
-/* A batch of tasks in flight (owned by the engine until reaped). */
+/* A batch of tasks in flight (owned by the engine until reaped).
+ * Completion is seen two ways (issue 18): the host function on the `cb`
+ * stream, and the loop querying `end` while it spins (kvs_cuda_poll). The
+ * first to set `claimed` completes the part, once, on the loop (the host
+ * function by posting cq). refs counts the holders of the struct: the host
+ * function until it ran, and the loop's poll list while listed; the last
+ * one frees it (tasks and buffers are released by the completion, not by
+ * the free). */
 typedef struct inflight {
 	kvs_cq_item cq;            /* posted by the host callback; run on the loop */
+	atomic_int refs;
+	atomic_bool claimed;
+	bool listed;               /* on e->poll_head (loop-owned list) */
+	struct inflight *pnext, *pprev;
 	kvs_copy_task **tasks;
 	uint32_t n_tasks;
 	uint64_t t_submit, t_done; /* ns: queued, callback ran */
@@ -148,6 +159,12 @@ struct kvs_cuda_engine {
 	pthread_t pin_thr[PIN_THREADS_MAX];
 	int n_pin_thr;
 	desc_buf *pool; /* free pooled descriptor buffers (main loop) */
+	/* Parts whose end event the loop may query (kvs_cuda_poll), oldest
+	 * first; loop-owned. poll_spin_ns: how long after its queueing a part
+	 * keeps the loop spinning (0: never poll, host functions only). */
+	inflight *poll_head, *poll_tail;
+	uint32_t n_polled;
+	uint64_t poll_spin_ns;
 	/* staging memory of released registrations, per device, for the next
 	 * ones: cuMemFree synchronizes the whole device, which the loop must
 	 * never wait for (freed at engine destroy) */

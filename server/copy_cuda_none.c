@@ -81,6 +81,12 @@ void kvs_cuda_submit(kvs_cuda_engine *e, kvs_cuda_stream *s, const kvs_copy_part
 }
 
 void kvs_cuda_engine_quiesce(kvs_cuda_engine *e) { (void)e; }
+bool kvs_cuda_poll(kvs_cuda_engine *e, uint32_t *completed)
+{
+	(void)e;
+	*completed = 0;
+	return false;
+}
 int kvs_cuda_stream_device(const kvs_cuda_stream *s) { (void)s; return -1; }
 
 kvs_copy_engine *kvs_cuda_copy_engine(kvs_cuda_engine *e)

@@ -11,6 +11,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "kvs_trace.h"
+
 struct kvs_copy_pool {
 	kvs_copy_engine engine; /* first: the pool is its own engine */
 	pthread_mutex_t mu;
@@ -162,6 +164,7 @@ static void run_here(kvs_copy_pool *p, kvs_copy_task *t)
 	for (uint32_t i = 0; i < t->n_segs && !r; i++)
 		total += t->segs[i].len;
 	atomic_fetch_add_explicit(&p->bytes, total, memory_order_relaxed);
+	KVS_TRACE(KVS_TP_SRV_GPU_DONE, 1);
 	kvs_cq_post(p->cq, &t->cq);
 }
 

@@ -20,6 +20,7 @@
 #include "kvs_l2.h"
 #include "writeback.h"
 #include "kvs_log.h"
+#include "kvs_trace.h"
 #include "kvs_time.h"
 #include "plan.h"
 #include "promote.h"
@@ -338,7 +339,9 @@ static uint8_t try_finalize(kvs_server *srv, kvs_job *job)
 	kvs_log(commit ? KVS_LOG_DEBUG : KVS_LOG_INFO, "job %llu (%s, engine '%s') %s: %s", (unsigned long long)job->id,
 		kvs_op_name(job->kind), job->engine, kvs_job_state_name(state), job->reason);
 	remember_terminal(J, job, state);
+	KVS_TRACE(KVS_TP_SRV_COMMIT, state);
 	push_job_done(srv, job, state);
+	KVS_TRACE(KVS_TP_SRV_SENT, state);
 	job_free(job);
 	return state;
 }
@@ -410,7 +413,9 @@ static void engine_submit(const kvs_reg *g, const kvs_job *job, kvs_copy_task **
 	kvs_copy_part part = {.dir = job->kind == KVS_OP_STORE ? KVS_COPY_TO_L1 : KVS_COPY_FROM_L1, .tasks = tasks,
 			      .n_tasks = n, .event = event ? event->ptr : NULL, .event_len = event ? event->len : 0,
 			      .deadline_ms = job->deadline_ms};
+	KVS_TRACE(KVS_TP_SRV_SUBMIT, n);
 	g->engine->submit(g->engine, g->stream, &part);
+	KVS_TRACE(KVS_TP_SRV_QUEUED, n);
 }
 
 static void part_submit(kvs_server *srv, kvs_part *p, kvs_copy_task **tasks, uint32_t n)
@@ -723,6 +728,7 @@ static void task_done(kvs_cq_item *it)
 	kvs_copy_task *t = (kvs_copy_task *)it; /* cq is the first member */
 	kvs_part *p = t->owner;
 	kvs_job *job = p->job;
+	KVS_TRACE(KVS_TP_SRV_PART_DONE, 1);
 	kvs_server *srv = job->srv;
 	uint64_t tb = 0;
 	for (uint32_t i = 0; i < t->n_segs; i++)

@@ -62,6 +62,7 @@ typedef struct kvs_server_config {
 	uint64_t metrics_stall_ms; /* /healthz fails when the loop has not ticked for this long */
 	uint64_t cuda_staging;  /* device staging bytes per CUDA registration; 0 = kernel only */
 	uint64_t cuda_stage_min; /* stage a part when its L1 runs average at least this */
+	uint32_t cuda_poll_us;  /* the loop spins on a GPU part's end event this long after queueing it */
 } kvs_server_config;
 
 void kvs_server_config_defaults(kvs_server_config *cfg);

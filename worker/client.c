@@ -2,6 +2,7 @@
  * requests for the I/O thread (client_io.c) and the blocking helpers that
  * wait for their completion. Registrations are in client_reg.c. */
 #include <errno.h>
+#include <sched.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <sodium.h>
@@ -17,6 +18,7 @@
 #include "client_int.h"
 #include "kvs_chunkkey.h"
 #include "kvs_log.h"
+#include "kvs_trace.h"
 #include "kvs_time.h"
 
 /* ---- blocking helpers ------------------------------------------------------ */
@@ -153,6 +155,8 @@ int kvs_client_open(const kvs_client_config *cfg, kvs_client **ret)
 	pthread_mutex_init(&c->mu, NULL);
 	pthread_mutex_init(&c->reg_mu, NULL);
 	pthread_cond_init(&c->job_cv, NULL);
+	const char *bp = getenv("KVS_BUSY_POLL_US");
+	c->busy_poll_ns = bp ? strtoull(bp, NULL, 10) * 1000ull : 0;
 	c->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
 	if (c->efd < 0) {
 		r = -errno;
@@ -480,6 +484,7 @@ int kvs_job_wait(kvs_client *c, uint64_t job, int timeout_ms, int *ret_state)
 	ts.tv_sec += (time_t)(ns / 1000000000ull);
 	ts.tv_nsec = (long)(ns % 1000000000ull);
 	int r = KVS_E_TIMEOUT;
+	uint64_t spin_end = c->busy_poll_ns ? kvs_now_ns() + c->busy_poll_ns : 0;
 	pthread_mutex_lock(&c->mu);
 	for (;;) {
 		uint64_t lo = c->ring_n > KVS__JOB_RING ? c->ring_n - KVS__JOB_RING : 0;
@@ -490,10 +495,19 @@ int kvs_job_wait(kvs_client *c, uint64_t job, int timeout_ms, int *ret_state)
 				r = 0;
 				break;
 			}
-		if (r == 0 || pthread_cond_timedwait(&c->job_cv, &c->mu, &ts) == ETIMEDOUT)
+		if (r == 0)
+			break;
+		if (spin_end && kvs_now_ns() < spin_end) { /* busy poll: check again without sleeping */
+			pthread_mutex_unlock(&c->mu);
+			sched_yield();
+			pthread_mutex_lock(&c->mu);
+			continue;
+		}
+		if (pthread_cond_timedwait(&c->job_cv, &c->mu, &ts) == ETIMEDOUT)
 			break;
 	}
 	pthread_mutex_unlock(&c->mu);
+	KVS_TRACE(KVS_TP_APP_JOB_DONE, 0);
 	return r;
 }
 

@@ -141,6 +141,10 @@ struct kvs_client {
 	int restore_left, restore_err;
 	kvs__req *held_head, *held_tail; /* application requests queued during a restore */
 	uint64_t hb_ms, next_hb_ms;
+	/* KVS_BUSY_POLL_US: the I/O thread polls without sleeping this long
+	 * after its last message, and kvs_job_wait checks for its job_done as
+	 * long before it sleeps (0: never). last_io_ns is the I/O thread's. */
+	uint64_t busy_poll_ns, last_io_ns;
 	bool hb_inflight;
 	bool exiting; /* the loop ended: whatever is routed now fails with -ECANCELED */
 	kvs__bconn broker;

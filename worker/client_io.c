@@ -14,6 +14,7 @@
 #include "client_int.h"
 #include "kvs_log.h"
 #include "kvs_time.h"
+#include "kvs_trace.h"
 
 /* ---- submission (any thread) ----------------------------------------------- */
 
@@ -88,6 +89,7 @@ int kvs__submit(kvs_client *c, kvs_msg *msg, int timeout_ms, kvs_done_fn done, v
 	r->arg = arg;
 	r->internal = internal;
 	r->iarg = iarg;
+	KVS_TRACE(KVS_TP_APP_SUBMIT, msg->op);
 	return kvs__req_submit(c, r);
 }
 
@@ -103,6 +105,7 @@ void kvs__send(kvs_client *c, kvs__req *r)
 		kvs_htab_del(c->pending, &r->id);
 		kvs__finish(c, r, NULL, e == EAGAIN ? KVS_E_BUSY : KVS_E_INTERNAL);
 	} else {
+		KVS_TRACE(KVS_TP_IO_SEND, r->op);
 		free(r->buf);
 		r->buf = NULL;
 	}
@@ -261,10 +264,13 @@ static void handle_reply(kvs_client *c, const void *data, size_t len)
 	}
 	bool new_epoch = c->have_epoch && memcmp(rep.epoch, c->epoch, KVS_EPOCH_BYTES) != 0;
 	if (rep.op == KVS_OP_JOB_DONE && rep.id == 0) {
+		KVS_TRACE(KVS_TP_IO_RECV, 0);
 		job_done_push(c, &rep);
+		KVS_TRACE(KVS_TP_IO_JOB_DONE, 0);
 	} else {
 		kvs__req *q = kvs_htab_del(c->pending, &rep.id);
 		if (q) {
+			KVS_TRACE(KVS_TP_IO_RECV, q->op);
 			if (q->op == KVS_OP_HELLO && rep.ok && !c->have_epoch) {
 				memcpy(c->epoch, rep.epoch, KVS_EPOCH_BYTES);
 				c->have_epoch = true;
@@ -418,7 +424,11 @@ void *kvs__io_main(void *arg)
 		short bev = kvs__broker_events(c);
 		if (bev)
 			it[n++] = (zmq_pollitem_t){.fd = c->broker.fd, .events = bev};
-		zmq_poll(it, n, poll_timeout(c, kvs_now_ms()));
+		long to = poll_timeout(c, kvs_now_ms());
+		if (c->busy_poll_ns && kvs_now_ns() - c->last_io_ns < c->busy_poll_ns)
+			to = 0; /* busy poll (KVS_BUSY_POLL_US) */
+		if (zmq_poll(it, n, to) > 0 && c->busy_poll_ns)
+			c->last_io_ns = kvs_now_ns();
 		if (it[1].revents & ZMQ_POLLIN) {
 			uint64_t v;
 			ssize_t rd = read(c->efd, &v, sizeof(v));

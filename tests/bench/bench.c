@@ -178,6 +178,8 @@ static void usage(FILE *f)
 		"  --quick           smoke sizes (seconds)\n"
 		"  --inflight N      copy: jobs in flight per rank (default 1; gpu adds a 4-rank x 2 row)\n"
 		"  --spread          gpu: rank r on GPU r %% devices, --ranks ranks only, per-GPU ceilings\n"
+		"  --gpu-cfg LIST    gpu: ranks x jobs in flight to run, e.g. 1x1,4x1 (default 1x1,1x2,4x1,4x2)\n"
+		"  --gpu-blocks LIST gpu: block sizes in KiB (default 4,16,64,256,2048)\n"
 		"  --gpu-ranks       writebehind: the ranks' KV cache in GPU memory (needs CUDA) instead of host memory\n"
 		"  --json            one JSON object per result\n"
 		"  --l3-redis SEEDS  l3: an existing cluster (default: start one with tests/l3/redis_cluster.py,\n"
@@ -200,7 +202,7 @@ int main(int argc, char **argv)
 		{"l1-size", 1, NULL, '1'}, {"l2-size", 1, NULL, '2'}, {"trace-requests", 1, NULL, 'n'},
 		{"expect-bound", 0, NULL, 'b'}, {"inflight", 1, NULL, 'i'}, {"spread", 0, NULL, 'S'}, {"help", 0, NULL, 'h'},
 		{"l3-redis", 1, NULL, 'R'}, {"l3-masters", 1, NULL, 'M'}, {"l3-lookup-ms", 1, NULL, 'L'},
-		{"sizes", 1, NULL, 'z'}, {"check", 0, NULL, 'c'}, {"gpu-ranks", 0, NULL, 'G'}, {NULL, 0, NULL, 0}};
+		{"sizes", 1, NULL, 'z'}, {"check", 0, NULL, 'c'}, {"gpu-ranks", 0, NULL, 'G'}, {"gpu-cfg", 1, NULL, 'g'}, {"gpu-blocks", 1, NULL, 'B'}, {NULL, 0, NULL, 0}};
 	int c;
 	while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
 		switch (c) {
@@ -222,6 +224,8 @@ int main(int argc, char **argv)
 		case 'z': o.sizes = optarg; break;
 		case 'c': o.check = true; break;
 		case 'G': o.gpu_ranks = true; break;
+		case 'g': o.gpu_cfg = optarg; break;
+		case 'B': o.gpu_blocks = optarg; break;
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return 2;
 		}

@@ -28,6 +28,8 @@ typedef struct kvb_opts {
 	const char *sizes;   /* startup: L1 sizes in GiB, "8,32,96" */
 	bool check;          /* startup: exit 1 unless the no-stall targets hold */
 	bool gpu_ranks;      /* writebehind: the ranks' KV in GPU memory (cuda engine) */
+	const char *gpu_cfg; /* gpu: "RxI,..." configurations (NULL: 1x1,1x2,4x1,4x2) */
+	const char *gpu_blocks; /* gpu: block sizes in KiB, "4,16,..." (NULL: 4,16,64,256,2048) */
 } kvb_opts;
 
 /* One result line. baseline 0 = none; target "" = none. */

@@ -1628,8 +1628,23 @@ static void baselines_child(void *arg, int cmd_fd, int res_fd)
 
 int kvb_mode_gpu(const kvb_opts *o)
 {
-	static const uint64_t blocks[] = {4 << 10, 16 << 10, 64 << 10, 256 << 10, 2 << 20};
-	const int nb = 5;
+	uint64_t blocks[8] = {4 << 10, 16 << 10, 64 << 10, 256 << 10, 2 << 20};
+	int nb = 5;
+	if (o->gpu_blocks) {
+		nb = 0;
+		for (const char *p = o->gpu_blocks; *p && nb < 8;) {
+			unsigned kib;
+			int used;
+			if (sscanf(p, "%u%n", &kib, &used) != 1 || kib < 4 || kib > (64u << 10) || (kib & 3)) {
+				fprintf(stderr, "gpu: bad --gpu-blocks '%s' (want KiB,...)\n", o->gpu_blocks);
+				return 2;
+			}
+			blocks[nb++] = (uint64_t)kib << 10;
+			p += used;
+			if (*p == ',')
+				p++;
+		}
+	}
 	/* baselines in a child: the parent must stay CUDA-free to fork ranks */
 	gpu_blocks gbk = {.blocks = blocks, .nb = nb};
 	gpu_base gb = {0};
@@ -1671,9 +1686,25 @@ int kvb_mode_gpu(const kvb_opts *o)
 	for (int w = 0; sc && w < 3000 && kvb_stat(sc, "cuda_pinned_bytes") < kvb_stat(sc, "l1_capacity"); w++)
 		usleep(10000);
 	int rc = 0;
-	static const uint32_t rank_counts[] = {1, 1, 4, 4};
-	static const uint32_t inflights[] = {1, 2, 1, 2};
+	uint32_t rank_counts[8] = {1, 1, 4, 4};
+	uint32_t inflights[8] = {1, 2, 1, 2};
 	int n_cfg = 4;
+	if (o->gpu_cfg) {
+		n_cfg = 0;
+		for (const char *p = o->gpu_cfg; *p && n_cfg < 8;) {
+			unsigned r, k;
+			int used;
+			if (sscanf(p, "%ux%u%n", &r, &k, &used) != 2 || r < 1 || r > 64 || k < 1 || k > 16) {
+				fprintf(stderr, "gpu: bad --gpu-cfg '%s' (want RxI,...)\n", o->gpu_cfg);
+				return 2;
+			}
+			rank_counts[n_cfg] = r;
+			inflights[n_cfg++] = k;
+			p += used;
+			if (*p == ',')
+				p++;
+		}
+	}
 	uint32_t spread_ranks[2] = {o->ranks, o->ranks}, spread_infl[2] = {1, 2};
 	if (o->spread) {
 		kvb_note("gpu --spread: rank r on GPU r %% %d; aggregate GB/s against the sum of the ranks' GPUs' own "

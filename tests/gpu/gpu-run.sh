@@ -10,6 +10,12 @@
 #                                 gpu-bench.md, gpu-bench.err)
 #   tests/gpu/gpu-run.sh remote-event stores after late and never-firing CUDA
 #                                 producer events (test_gpu_event): gpu-event.log
+#   tests/gpu/gpu-run.sh remote-trace one rank, one job in flight, per block size
+#                                 (TRACE_BLOCKS, KiB, default "4 16 2048") with
+#                                 KVS_TRACE on: the bench's rows and where a
+#                                 job's time goes (tools/kvs-trace-report),
+#                                 once per env setting in TRACE_ENVS ("-" none,
+#                                 else "VAR=v,VAR2=w"): trace-report.md
 #   tests/gpu/gpu-run.sh remote-compare the GPU benchmark of BASE (build-base)
 #                                 and build back to back (carry both)
 #   tests/gpu/gpu-run.sh remote-bench the GPU benchmark alone (TAG names the
@@ -68,12 +74,14 @@ remote)
   rc=0
   # the suite once per copy path: the default choice, every part staged
   # through tiny slots (segments cut at slot ends, slots reused many times),
-  # and the kernel alone
-  for v in default staged-tiny kernel-only; do
+  # the kernel alone, and completions by host functions only (the loop does
+  # not poll end events: the path every part takes while pinning runs)
+  for v in ${SUITE_PATHS:-default staged-tiny kernel-only callbacks}; do
     case $v in
       default) envs=() ;;
       staged-tiny) envs=(KVS_CUDA_STAGE_MIN=0 KVS_CUDA_STAGE_BYTES=81920) ;;
       kernel-only) envs=(KVS_CUDA_STAGE_BYTES=0) ;;
+      callbacks) envs=(KVS_CUDA_POLL_US=0) ;;
     esac
     r=0
     env "${envs[@]}" timeout 300 build/tests/gpu/test_gpu > "$out/gpu-suite-$v.log" 2>&1 || r=$?
@@ -126,6 +134,25 @@ remote-compare)
       > "$out/gpu-bench-$tag.md" 2> "$out/gpu-bench-$tag.err" || rc=$?
     echo "== $tag ($dir)"; cat "$out/gpu-bench-$tag.md"
   done
+  exit $rc
+  ;;
+remote-trace)
+  export LD_LIBRARY_PATH=$PWD/.gpu-bundle/lib:${LD_LIBRARY_PATH:-}
+  export KVS_SERVER=$PWD/build/server/kvside-server
+  out=${OUT:-gpu-logs}
+  mkdir -p "$out"
+  rc=0
+  for envs in ${TRACE_ENVS:--}; do
+    for kib in ${TRACE_BLOCKS:-4 16 2048}; do
+      d=$(mktemp -d)
+      echo "== $envs, ${kib} KiB blocks, ${TRACE_CFG:-1x1}"
+      ( [ "$envs" = - ] || export ${envs//,/ }
+        KVS_TRACE=$d timeout 200 build/tests/bench/kvside-bench gpu --gpu-cfg "${TRACE_CFG:-1x1}" \
+          --gpu-blocks "$kib" ${BENCH_ARGS:-} 2>&1 | grep -E "^\| gpu (store|retrieve)|breakdown" ) || rc=$?
+      python3 tools/kvs-trace-report "$d" --skip 8 || rc=$?
+      rm -rf "$d"
+    done
+  done 2>&1 | tee "$out/trace-report.md"
   exit $rc
   ;;
 remote-bench)
