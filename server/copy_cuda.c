@@ -54,8 +54,16 @@ static void *pin_main(void *arg)
 	while (!atomic_load(&e->stop)) {
 		/* a register's driver calls go first; a part waiting for a slice
 		 * goes before both */
+		uint64_t now = kvs_now_ns();
 		bool copying = atomic_load(&e->parts_inflight) > 0 ||
-			       kvs_now_ns() - atomic_load(&e->copy_active_ns) < PIN_QUIET_NS;
+			       now - atomic_load(&e->copy_active_ns) < PIN_QUIET_NS;
+		if (copying && atomic_load(&e->pin_hold) == 0 && atomic_load(&e->n_want) == 0) {
+			/* one slice now and then even while copies run: L1's usable
+			 * size grows with the pinned prefix (kvs_cuda_pinned_prefix) */
+			uint_fast64_t last = atomic_load(&e->trickle_ns);
+			if (now - last >= PIN_TRICKLE_NS && atomic_compare_exchange_strong(&e->trickle_ns, &last, now))
+				copying = false;
+		}
 		if ((atomic_load(&e->pin_hold) > 0 || copying) && atomic_load(&e->n_want) == 0) {
 			usleep(200);
 			continue;
@@ -93,6 +101,19 @@ void kvs_cuda_pin_hold(kvs_cuda_engine *e, bool hold)
 }
 
 bool kvs_cuda_pin_held(kvs_cuda_engine *e) { return e && atomic_load(&e->pin_hold) > 0; }
+
+uint64_t kvs_cuda_pinned_prefix(kvs_cuda_engine *e, bool *all)
+{
+	while (e->prefix < e->n_slices) {
+		uint8_t st = atomic_load(&e->slice[e->prefix]);
+		if (st != SLICE_READY && st != SLICE_FAILED)
+			break;
+		e->prefix++;
+	}
+	*all = atomic_load(&e->pin_left) == 0;
+	uint64_t b = (uint64_t)e->prefix * SLICE;
+	return b < e->arena_size ? b : e->arena_size;
+}
 
 bool cuda_part_pinned(kvs_cuda_engine *e, const kvs_copy_part *part, bool want)
 {

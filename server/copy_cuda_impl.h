@@ -20,6 +20,7 @@
 #define SLICE (32ull << 20)
 #define PIN_THREADS_MAX 16
 #define PIN_QUIET_NS (5ull * 1000 * 1000)
+#define PIN_TRICKLE_NS (50ull * 1000 * 1000)
 #define DESC_PREALLOC 8 /* descriptor buffers allocated at create, before pinning starts */
 
 enum { SLICE_UNPINNED = 0, SLICE_PINNING, SLICE_READY, SLICE_FAILED };
@@ -135,6 +136,11 @@ struct kvs_cuda_engine {
 	atomic_bool *want;
 	atomic_uint n_want;     /* a hint: some want[] may be set */
 	atomic_uint cursor;     /* next slice in address order */
+	uint32_t prefix;        /* slices [0, prefix) are final (kvs_cuda_pinned_prefix; loop) */
+	/* bulk pinning while copies run: one slice per PIN_TRICKLE_NS at most
+	 * (else a steady stream of copies would keep L1's pinned size, and with
+	 * it the ceiling, where it is for good) */
+	atomic_uint_fast64_t trickle_ns;
 	atomic_int pin_hold;
 	/* The loop's driver calls against the pinning: measured on an H200, a
 	 * driver call of the loop waited until all of L1 was pinned (3.9 s at

@@ -87,6 +87,100 @@ void kvs_server_config_defaults(kvs_server_config *cfg)
 	cfg->cuda_poll_us = 20000;
 }
 
+/* ---- the CUDA engine, made off the start path ----------------------------- */
+
+static void replay_held(kvs_server *srv, uint64_t id);
+static void *prefault_main(void *arg);
+static void l1_ceiling(kvs_server *srv);
+
+/* The engine's creation on the setup thread (issue 18): the driver's
+ * initialisation and a context per device took 200-250 ms before the socket
+ * was bound on the H200 machine, so restart -> first L2 hit waited for a GPU
+ * it did not need. The setup queue is FIFO, so every register's driver work
+ * queued later runs after it; registers that arrive before it is done wait
+ * (dispatch_msg). */
+typedef struct cuda_item {
+	kvs_workq_item wi; /* first */
+	kvs_server *srv;
+	void *arena;
+	uint64_t arena_size;
+	kvs_cuda_opts opts;
+	kvs_cuda_engine *e;
+	uint64_t t0_ns, ns;
+	char why[160];
+} cuda_item;
+
+static void cuda_make(kvs_workq_item *wi)
+{
+	cuda_item *c = (cuda_item *)wi;
+	c->t0_ns = kvs_now_ns();
+	/* KVS_TEST_ENGINE_DELAY_MS: a stand-in for a slow driver start (the
+	 * integration test regslow; no GPU needed) */
+	const char *d = getenv("KVS_TEST_ENGINE_DELAY_MS");
+	if (d)
+		usleep((useconds_t)strtoul(d, NULL, 10) * 1000u);
+	if (kvs_cuda_engine_create(c->srv->cq, c->arena, c->arena_size, &c->opts, &c->e, c->why, sizeof(c->why)) != 0)
+		c->e = NULL;
+	c->ns = kvs_now_ns() - c->t0_ns;
+}
+
+/* The engine exists (or will not): publish it, start the L1 prefault, and
+ * let the registers that waited for it go, in their sessions' order. */
+static void cuda_ready(kvs_server *srv, kvs_cuda_engine *e)
+{
+	__atomic_store_n(&srv->cuda, e, __ATOMIC_RELEASE);
+	kvs_registry_set_cuda(srv->reg, e);
+	srv->cuda_pending = false;
+	if (srv->closing)
+		return; /* modules_fini destroys it; nothing starts or replays now */
+	l1_ceiling(srv);
+	if (srv->cfg.l1_prefault && !srv->prefault_started && !srv->stopping &&
+	    pthread_create(&srv->prefault, NULL, prefault_main, srv) == 0)
+		srv->prefault_started = true;
+	uint64_t ids[64];
+	for (;;) { /* replaying may open or close sessions: collect, then replay */
+		uint32_t n = 0;
+		size_t pos = 0;
+		kvs_session *s;
+		while (n < 64 && (s = kvs_htab_next(srv->sessions, &pos)) != NULL)
+			if (s->engine_wait) {
+				s->engine_wait = false;
+				s->reg_pending = false;
+				ids[n++] = s->id;
+			}
+		if (!n)
+			break;
+		for (uint32_t i = 0; i < n; i++)
+			replay_held(srv, ids[i]);
+	}
+}
+
+static void cuda_made(kvs_cq_item *it)
+{
+	cuda_item *c = (cuda_item *)it;
+	kvs_server *srv = c->srv;
+	if (c->e)
+		kvs_info("CUDA engine ready after %.1f ms (off the start path)", (double)c->ns / 1e6);
+	else
+		kvs_info("CUDA engine: not available (%s); host engine only", c->why);
+	cuda_ready(srv, c->e);
+	free(c);
+}
+
+static int cuda_start(kvs_server *srv)
+{
+	cuda_item *c = calloc(1, sizeof(*c));
+	if (!c)
+		return -ENOMEM;
+	*c = (cuda_item){.wi = {.work = cuda_make, .cq.done = cuda_made}, .srv = srv,
+			 .opts = {.stage_bytes = srv->cfg.cuda_staging, .stage_min = srv->cfg.cuda_stage_min,
+				  .poll_us = srv->cfg.cuda_poll_us}};
+	c->arena = kvs_l1_arena(srv->l1, &c->arena_size);
+	srv->cuda_pending = true;
+	kvs_workq_submit(srv->setupq, &c->wi);
+	return 0;
+}
+
 /* ---- the data-path modules ---------------------------------------------- */
 
 /* Faults the L1 arena in, slice by slice, off the main loop: fresh arena
@@ -101,7 +195,8 @@ static void *prefault_main(void *arg)
 	for (uint64_t off = 0; off < size && !atomic_load(&srv->prefault_stop); off += slice) {
 		/* a register in the CUDA driver goes first (issue 18): populating
 		 * holds the mmap lock its mapping calls need */
-		while (kvs_cuda_pin_held(srv->cuda) && !atomic_load(&srv->prefault_stop))
+		while (kvs_cuda_pin_held(__atomic_load_n(&srv->cuda, __ATOMIC_ACQUIRE)) &&
+		       !atomic_load(&srv->prefault_stop))
 			usleep(200);
 		uint64_t n = size - off < slice ? size - off : slice;
 		if (madvise(base + off, n, MADV_POPULATE_WRITE) != 0)
@@ -176,7 +271,6 @@ static int l3_open(kvs_server *srv)
 }
 
 static void modules_fini(kvs_server *srv);
-static void replay_held(kvs_server *srv, uint64_t id);
 
 /* Creates the data-path modules in dependency order (L1, registry, CUDA
  * engine, host pool, L2, jobs); unwinds on failure. */
@@ -191,7 +285,9 @@ static int modules_init(kvs_server *srv)
 			(unsigned long long)(((uint64_t)pages * (uint64_t)psz) >> 20));
 		return -EINVAL;
 	}
-	kvs_l1_config l1c = {.size = srv->cfg.l1_size, .on_evict = l1_evicted, .evict_arg = srv};
+	/* withheld until the CUDA engine is known: with a GPU, L1's usable part
+	 * follows the pinned prefix (l1_ceiling); without, it is released */
+	kvs_l1_config l1c = {.size = srv->cfg.l1_size, .on_evict = l1_evicted, .evict_arg = srv, .withhold = 1};
 	if ((r = kvs_l1_create(&l1c, &srv->l1)) < 0) {
 		kvs_err("cannot create the L1 arena of %llu bytes: %s", (unsigned long long)l1c.size,
 			kvs_strerror(r));
@@ -204,16 +300,8 @@ static int modules_init(kvs_server *srv)
 		goto fail;
 	kvs_registry_set_setupq(srv->reg, srv->setupq);
 	srv->replay = replay_held;
-	uint64_t asz;
-	void *arena = kvs_l1_arena(srv->l1, &asz);
-	char why[160] = "";
-	kvs_cuda_opts co = {.stage_bytes = srv->cfg.cuda_staging, .stage_min = srv->cfg.cuda_stage_min,
-			     .poll_us = srv->cfg.cuda_poll_us};
-	if (kvs_cuda_engine_create(srv->cq, arena, asz, &co, &srv->cuda, why, sizeof(why)) != 0) {
-		srv->cuda = NULL;
-		kvs_info("CUDA engine: not available (%s); host engine only", why);
-	}
-	kvs_registry_set_cuda(srv->reg, srv->cuda);
+	if ((r = cuda_start(srv)) < 0)
+		goto fail;
 	if ((r = kvs_copy_pool_create(srv->cfg.copy_threads, srv->cq, &srv->pool)) < 0)
 		goto fail;
 	if (srv->cfg.l2_path[0]) {
@@ -252,6 +340,7 @@ fail:
 
 static void modules_fini(kvs_server *srv)
 {
+	srv->closing = true; /* an engine made from here on is only destroyed (cuda_ready) */
 	if (srv->prefault_started) {
 		atomic_store(&srv->prefault_stop, true);
 		pthread_join(srv->prefault, NULL);
@@ -364,6 +453,14 @@ static void dispatch_msg(kvs_server *srv, const uint8_t *ident, size_t ident_len
 				memcpy(s->ident, ident, ident_len);
 				s->ident_len = ident_len;
 			}
+		}
+		if (s->id && srv->cuda_pending && rq.op == KVS_OP_REGISTER && rq.device.type == KVS_DEV_CUDA &&
+		    !s->reg_pending) {
+			/* the engine is being made (cuda_start): this register and
+			 * what follows it wait for it, like the requests behind a
+			 * pending register */
+			s->reg_pending = true;
+			s->engine_wait = true;
 		}
 		if (s->id && s->reg_pending && rq.op != KVS_OP_HEARTBEAT) {
 			/* behind the session's register: handled once it is answered */
@@ -539,11 +636,8 @@ int kvs_server_create(const kvs_server_config *cfg, kvs_server **ret)
 			 cfg->kv_events_replay);
 	}
 	kvs__metrics_init(srv); /* never fails start-up: see metrics.h */
-	/* the L1 prefault starts once the sockets are bound: populating the
-	 * arena holds the mmap lock that every thread and socket created during
-	 * start-up needs (issue 18: 150-230 ms before listening on the H200) */
-	if (srv->cfg.l1_prefault && pthread_create(&srv->prefault, NULL, prefault_main, srv) == 0)
-		srv->prefault_started = true;
+	/* the L1 prefault starts once the CUDA engine exists or is known to be
+	 * absent (cuda_ready, on the loop: after the sockets are bound) */
 	*ret = srv;
 	return 0;
 
@@ -603,8 +697,24 @@ void kvs_server_destroy(kvs_server *srv)
 	free(srv);
 }
 
+/* L1's usable part follows the pinned prefix while the GPU engine pins it
+ * (kvs_l1_set_ceiling, issue 18): stores land in pinned memory and evict
+ * rather than wait for pinning; without a GPU nothing is withheld. */
+static void l1_ceiling(kvs_server *srv)
+{
+	if (!kvs_l1_withheld(srv->l1) || srv->cuda_pending)
+		return;
+	bool all = true;
+	uint64_t p = srv->cuda ? kvs_cuda_pinned_prefix(srv->cuda, &all) : 0;
+	if (all)
+		kvs_l1_release(srv->l1);
+	else
+		kvs_l1_set_ceiling(srv->l1, p);
+}
+
 void kvs__server_tick(kvs_server *srv)
 {
+	l1_ceiling(srv);
 	kvs__sessions_reap(srv);
 	kvs__broker_expire(srv);
 	kvs_jobs_tick(srv);

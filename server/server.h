@@ -98,6 +98,7 @@ typedef struct kvs_session {
 	 * handled once it has been answered: a session's messages are handled in
 	 * the order sent (protocol.md 6.4). */
 	bool reg_pending;
+	bool engine_wait; /* reg_pending because its CUDA register waits for the engine */
 	struct kvs_held *held_head, *held_tail; /* FIFO of held requests */
 	uint32_t n_held;
 	uint64_t held_bytes;
@@ -185,7 +186,16 @@ struct kvs_server {
 	struct kvs_l2 *l2; /* NULL without --l2-path */
 	struct kvs_l3 *l3; /* NULL without --l3-redis */
 	struct kvs_copy_pool *pool;
-	struct kvs_cuda_engine *cuda; /* NULL without a GPU */
+	/* NULL without a GPU, and until the engine exists: it is created on the
+	 * setup thread after start-up (the driver's initialisation takes a
+	 * quarter of a second, which the socket must not wait for, issue 18);
+	 * set on the loop when done. The prefault thread reads it atomically. */
+	struct kvs_cuda_engine *cuda;
+	/* The engine is being created: a CUDA `register` arriving now waits
+	 * (held like the requests behind a pending register, engine_wait set)
+	 * and is handled once the engine exists or is known to be absent. */
+	bool cuda_pending;
+	bool closing; /* modules_fini has begun */
 	struct kvs_promote *promote;  /* L2 -> L1 promotions */
 	struct kvs_lookup *lookup;    /* lookup pins and counters */
 

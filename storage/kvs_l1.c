@@ -61,9 +61,13 @@ _Static_assert((1u << PAGE_SHIFT) == KVS_L1_PAGE, "KVS_L1_PAGE is 1 << PAGE_SHIF
 
 typedef uint32_t ref; /* index into kvs_l1.recs; 0 means none */
 
-enum { REC_UNUSED = 3 }; /* state of a record on the record free list */
+enum { REC_UNUSED = 3,   /* state of a record on the record free list */
+       REC_WITHHELD = 4 }; /* state of the withheld tail extent (kvs_l1_set_ceiling) */
+/* withheld memory is handed out in steps of this many pages (64 MiB) */
+#define GROW_PAGES (1u << 14)
 
-/* One extent of the arena: FREE, or an object (RESERVED or COMMITTED).
+/* One extent of the arena: FREE, or an object (RESERVED or COMMITTED), or
+ * the withheld tail (REC_WITHHELD: the last extent, in no bin and no index).
  * Invariants:
  * - the records reachable from kvs_l1.afirst through anext cover the arena
  *   in address order without gap or overlap; aprev mirrors anext;
@@ -129,6 +133,12 @@ struct kvs_l1 {
 	uint32_t rec_hwm;  /* records ever handed out, plus record 0 */
 	ref rec_free;      /* unused records, linked by anext */
 	ref afirst;        /* extent at the start of the arena */
+
+	/* The withheld tail: wh is its record (the last extent) or 0; ceiling is
+	 * in pages (npages until kvs_l1_set_ceiling). Invariant:
+	 * free_pages + pages_used + wh_pages == npages. */
+	ref wh;
+	uint32_t wh_pages, ceiling;
 
 	uint32_t fl_map;
 	uint32_t sl_map[FL_N];
@@ -555,7 +565,14 @@ int kvs_l1_create(const kvs_l1_config *cfg, kvs_l1 **ret)
 	f->npages = l1->npages;
 	f->state = KVS_L1_FREE;
 	l1->afirst = r;
-	bin_insert(l1, r);
+	l1->ceiling = l1->npages;
+	if (cfg->withhold) {
+		f->state = REC_WITHHELD;
+		l1->wh = r;
+		l1->wh_pages = l1->npages;
+	} else {
+		bin_insert(l1, r);
+	}
 	*ret = l1;
 	return 0;
 
@@ -581,6 +598,63 @@ void kvs_l1_destroy(kvs_l1 *l1)
 	free(l1);
 }
 
+/* Hands out the first pages of the withheld tail: at least n (or all that
+ * is left) in a step of GROW_PAGES, and, unless beyond, only below the
+ * ceiling. They become a free run, merged with a free run before them.
+ * False if nothing was handed out. */
+static bool wh_grow(kvs_l1 *l1, uint32_t n, bool beyond)
+{
+	if (!l1->wh)
+		return false;
+	kvs_l1_obj *w = rec(l1, l1->wh);
+	uint32_t start = (uint32_t)((uint64_t)(w->data - l1->arena) >> PAGE_SHIFT);
+	uint32_t take = n > GROW_PAGES ? n : GROW_PAGES;
+	if (!beyond) {
+		if (l1->ceiling <= start || l1->ceiling - start < n)
+			return false;
+		if (take > l1->ceiling - start)
+			take = l1->ceiling - start;
+	}
+	if (take >= w->npages) {
+		ref r = l1->wh;
+		l1->wh = 0;
+		l1->wh_pages = 0;
+		extent_release(l1, r);
+		return true;
+	}
+	ref nr = rec_alloc(l1); /* the table never moves: w stays valid */
+	kvs_l1_obj *o = rec(l1, nr);
+	o->data = w->data;
+	o->npages = take;
+	o->aprev = w->aprev;
+	o->anext = l1->wh;
+	if (w->aprev)
+		rec(l1, w->aprev)->anext = nr;
+	else
+		l1->afirst = nr;
+	w->aprev = nr;
+	w->data += (size_t)take << PAGE_SHIFT;
+	w->npages -= take;
+	l1->wh_pages -= take;
+	extent_release(l1, nr); /* FREE, merged with a free run before it */
+	return true;
+}
+
+void kvs_l1_set_ceiling(kvs_l1 *l1, uint64_t bytes)
+{
+	uint64_t p = bytes >> PAGE_SHIFT;
+	l1->ceiling = p > l1->npages ? l1->npages : (uint32_t)p;
+}
+
+void kvs_l1_release(kvs_l1 *l1)
+{
+	if (l1->wh)
+		wh_grow(l1, l1->wh_pages, true);
+	l1->ceiling = l1->npages;
+}
+
+uint64_t kvs_l1_withheld(const kvs_l1 *l1) { return (uint64_t)l1->wh_pages << PAGE_SHIFT; }
+
 int kvs_l1_reserve(kvs_l1 *l1, const kvs_objkey *key, uint64_t len, kvs_l1_obj **ret)
 {
 	if (len == 0)
@@ -592,15 +666,19 @@ int kvs_l1_reserve(kvs_l1 *l1, const kvs_objkey *key, uint64_t len, kvs_l1_obj *
 		goto nospace;
 	uint32_t n = (uint32_t)((len + KVS_L1_PAGE - 1) >> PAGE_SHIFT);
 	ref f = find_free(l1, n);
+	if (!f && wh_grow(l1, n, false))
+		f = find_free(l1, n);
 	if (!f) {
 		/* Cheap feasibility test first, so a full cache of pinned or
 		 * reserved objects answers at once and loses nothing. */
-		if ((uint64_t)l1->free_pages + l1->evictable_pages < n)
+		if ((uint64_t)l1->free_pages + l1->evictable_pages + l1->wh_pages < n)
 			goto nospace;
 		while (!f && l1->lru.first) {
 			chunk_drop(l1, rec(l1, l1->lru.first), true);
 			f = find_free(l1, n);
 		}
+		while (!f && wh_grow(l1, n, true)) /* above the ceiling: last */
+			f = find_free(l1, n);
 		if (!f)
 			goto nospace; /* fragmented: the evictions stay made */
 	}
@@ -800,6 +878,7 @@ void kvs_l1_get_stats(const kvs_l1 *l1, kvs_l1_stats *st)
 	st->bytes_allocated = l1->pages_used << PAGE_SHIFT;
 	st->bytes_evictable = (uint64_t)l1->evictable_pages << PAGE_SHIFT;
 	st->free_extents = l1->nfree;
+	st->withheld = (uint64_t)l1->wh_pages << PAGE_SHIFT;
 	if (l1->fl_map) {
 		unsigned fl = 31u - (unsigned)__builtin_clz(l1->fl_map);
 		unsigned sl = 31u - (unsigned)__builtin_clz(l1->sl_map[fl]);
@@ -860,6 +939,11 @@ int kvs_l1_check(const kvs_l1 *l1)
 		CHECK(o->data == l1->arena + (pages << PAGE_SHIFT));
 		pages += o->npages;
 		CHECK(pages <= l1->npages);
+		if (o->state == REC_WITHHELD) {
+			CHECK(r == l1->wh && !o->anext && o->npages == l1->wh_pages);
+			prev = r;
+			continue;
+		}
 		if (o->state == KVS_L1_FREE) {
 			CHECK(!prev || l1->recs[prev].state != KVS_L1_FREE);
 			CHECK(!o->head);
@@ -918,7 +1002,8 @@ int kvs_l1_check(const kvs_l1 *l1)
 	CHECK(free_pages == l1->free_pages && nfree == l1->nfree);
 	CHECK(used == l1->bytes_used && reserved == l1->bytes_reserved);
 	CHECK(nobj == l1->objects && nres == l1->objects_reserved);
-	CHECK(pused == l1->pages_used && pused + free_pages == l1->npages);
+	CHECK(pused == l1->pages_used && pused + free_pages + l1->wh_pages == l1->npages);
+	CHECK(!l1->wh == !l1->wh_pages && l1->ceiling <= l1->npages);
 	CHECK(kvs_htab_count(l1->objs) == nobj);
 	CHECK(nheads == l1->nchunks && kvs_htab_count(l1->chunks) == nheads);
 

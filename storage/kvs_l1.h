@@ -37,6 +37,11 @@ typedef struct kvs_l1_config {
 	 * must not call back into this L1. May be NULL. */
 	void (*on_evict)(const kvs_objkey *key, void *arg);
 	void *evict_arg;
+	/* Start with the whole arena withheld (issue 18): see kvs_l1_set_ceiling.
+	 * Until a ceiling is set, withheld memory is handed out as needed, in
+	 * 64 MiB steps from the start of the arena, before anything is evicted:
+	 * a store never notices. */
+	int withhold;
 } kvs_l1_config;
 
 typedef struct kvs_l1 kvs_l1;
@@ -165,7 +170,24 @@ typedef struct kvs_l1_stats {
 	uint64_t bytes_evictable;  /* allocated bytes of chunks with nothing RESERVED or pinned */
 	uint64_t free_extents;     /* runs of free pages (fragmentation) */
 	uint64_t largest_free;     /* bytes of the largest run of free pages */
+	uint64_t withheld;         /* bytes withheld at the arena's end (kvs_l1_set_ceiling) */
 } kvs_l1_stats;
+
+/* Withholding (issue 18). A server with a GPU pins L1 slice by slice for
+ * device access, from the start of the arena, at a few GB/s; a copy into a
+ * slice not pinned yet must wait for it. While part of the arena is
+ * withheld, its tail [withheld start, end) is not allocated from: reserve
+ * takes free runs first, then withheld memory below the ceiling (in 64 MiB
+ * steps), then evicts least recently used chunks, and only then withheld
+ * memory above the ceiling (never fails for it). With the ceiling at the
+ * pinned prefix the cache behaves as one of the pinned size until pinning is
+ * done. set_ceiling takes bytes (rounded down to pages; any value); release
+ * frees the whole withheld tail, after which the L1 withholds nothing for
+ * good. Both O(1); no-ops when nothing is withheld. */
+void kvs_l1_set_ceiling(kvs_l1 *l1, uint64_t bytes);
+void kvs_l1_release(kvs_l1 *l1);
+/* Bytes withheld now (0 once released). */
+uint64_t kvs_l1_withheld(const kvs_l1 *l1);
 
 /* Fills st. O(1) except largest_free, which looks at the top free size class:
  * O(free runs in that class). */

@@ -132,12 +132,96 @@ START_TEST(pending_register_holds_nothing_up)
 }
 END_TEST
 
+/* The CUDA engine is made on the setup thread after the socket is bound
+ * (issue 18: the driver's start kept restart -> first L2 hit above 250 ms).
+ * KVS_TEST_ENGINE_DELAY_MS makes that take 1.5 s. Meanwhile the server
+ * answers at once, a host-memory register goes through, and a CUDA register
+ * waits for the engine instead of being refused for a missing GPU too early:
+ * here, without a GPU, it is answered E_DEVICE only once the engine is known
+ * to be absent, and the session's request behind it is held and answered
+ * after it. */
+START_TEST(cuda_register_waits_for_the_engine)
+{
+	setenv("KVS_TEST_ENGINE_DELAY_MS", "1500", 1);
+	kvt_server s;
+	kvt_server_init(&s, "--ttl-ms", "2000", "--heartbeat-ms", "100", NULL);
+	uint64_t t0 = kvt_now_ms();
+	ck_assert_int_eq(kvt_server_start(&s), 0);
+	unsetenv("KVS_TEST_ENGINE_DELAY_MS");
+	ck_assert_msg(kvt_now_ms() - t0 < 1200, "the server listened only after %llu ms",
+		      (unsigned long long)(kvt_now_ms() - t0));
+	kvs_client *gpu = kvt_client(&s, "eng", KVS_ROLE_WORKER, 0, 2, NULL, NULL);
+	kvs_client *host = kvt_client(&s, "eng2", KVS_ROLE_WORKER, 0, 1, NULL, NULL);
+	kvs_client *probe = kvt_client(&s, "probe", KVS_ROLE_SCHEDULER, 0, 1, NULL, NULL);
+	ck_assert_ptr_nonnull(gpu);
+	ck_assert_ptr_nonnull(host);
+	ck_assert_ptr_nonnull(probe);
+	bool had_gpu = kvt_stat(probe, "cuda_available") == 1; /* engine made already: no pending window */
+
+	kvs_group gr = {.id = 0, .kind = KVS_GROUP_ATTENTION, .tokens_per_block = 16, .blocks_per_chunk = BPC,
+			.window_chunks = -1, .null_block = -1};
+	kvs_layer ly = {.group = 0, .alloc = 0, .offset = 0, .num_blocks = NB, .block_stride = BLOCK,
+			.block_bytes = BLOCK};
+	/* a CUDA register by legacy IPC handle: no fd, no broker, nothing the
+	 * client needs a GPU for */
+	kvs_alloc ga = {.fd = -1, .size = (uint64_t)NB * BLOCK};
+	memset(ga.ipc_handle, 0x11, sizeof(ga.ipc_handle));
+	kvs_registration_desc gd = {.device_type = KVS_DEV_CUDA, .allocs = &ga, .n_allocs = 1, .groups = &gr,
+				    .n_groups = 1, .layers = &ly, .n_layers = 1};
+	reg_thr rt = {.c = gpu, .d = &gd};
+	pthread_t th;
+	ck_assert_int_eq(pthread_create(&th, NULL, reg_main, &rt), 0);
+	usleep(100000);
+	codes cd = {0};
+	ck_assert_int_eq(kvs_complete_async(gpu, 77, true, 10000, on_complete, &cd), 0); /* held behind it */
+
+	/* host memory registers at once, and the loop answers */
+	kvs_alloc al = {.fd = -1, .size = (uint64_t)NB * BLOCK};
+	uint8_t *mem;
+	ck_assert_int_eq(kvs_memfd_create("kvt-engwait", al.size, &al.fd, (void **)&mem), 0);
+	kvs_registration_desc hd = {.device_type = KVS_DEV_HOST, .allocs = &al, .n_allocs = 1, .groups = &gr,
+				    .n_groups = 1, .layers = &ly, .n_layers = 1};
+	uint64_t a = kvt_now_ms(), h;
+	ck_assert_int_eq(kvs_register(host, &hd, 10000, &h), 0);
+	uint64_t host_ms = kvt_now_ms() - a;
+	a = kvt_now_ms();
+	ck_assert_uint_ne(kvt_stat(probe, "sessions"), UINT64_MAX);
+	uint64_t probe_ms = kvt_now_ms() - a;
+	if (!had_gpu) {
+		ck_assert_msg(host_ms < 500, "a host register took %llu ms while the engine was made",
+			      (unsigned long long)host_ms);
+		ck_assert_msg(probe_ms < 500, "a request took %llu ms while the engine was made",
+			      (unsigned long long)probe_ms);
+		ck_assert_uint_eq(kvt_stat(probe, "cuda_available"), 0);
+	}
+
+	pthread_join(th, NULL);
+	if (kvt_stat(probe, "cuda_available") == 0) {
+		ck_assert_int_eq(rt.rc, KVS_E_DEVICE); /* answered once the engine was known absent */
+		if (!had_gpu)
+			ck_assert_uint_ge(rt.t_done - t0, 1400);
+	}
+	/* the complete held behind the register was answered after it, in order */
+	ck_assert(KVT_WAIT(atomic_load(&cd.n) == 1, 5000));
+	ck_assert_int_ne(atomic_load(&cd.complete), 0); /* no such job part: refused, not lost */
+	ck_assert_uint_eq(kvt_stat(probe, "sessions_reaped"), 0);
+
+	kvs_client_close(gpu);
+	kvs_client_close(host);
+	kvs_client_close(probe);
+	close(al.fd);
+	ck_assert_int_eq(kvt_server_stop(&s), 0);
+	kvt_server_cleanup(&s);
+}
+END_TEST
+
 static Suite *regslow_suite(void)
 {
 	Suite *s = suite_create("regslow");
 	TCase *tc = tcase_create("core");
 	tcase_set_timeout(tc, 60);
 	tcase_add_test(tc, pending_register_holds_nothing_up);
+	tcase_add_test(tc, cuda_register_waits_for_the_engine);
 	suite_add_tcase(s, tc);
 	return s;
 }

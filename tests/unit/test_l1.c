@@ -1118,6 +1118,99 @@ START_TEST(test_stress_model)
 }
 END_TEST
 
+/* Withholding (issue 18): the tail of the arena is handed out on demand
+ * before anything is evicted; with a ceiling, only below it before evicting
+ * and above it only when nothing is left to evict; release frees the rest.
+ * Objects' bytes survive every step. */
+START_TEST(test_withhold)
+{
+	const uint64_t MiB = 1u << 20, step = 64 * MiB;
+	kvs_l1 *l1 = NULL;
+	kvs_l1_config cfg = {.size = 4 * step, .withhold = 1};
+	ck_assert_int_eq(kvs_l1_create(&cfg, &l1), 0);
+	CHK(l1);
+	ck_assert_uint_eq(stats(l1).withheld, 4 * step);
+	ck_assert_uint_eq(stats(l1).free_extents, 0);
+	ck_assert_uint_eq(kvs_l1_withheld(l1), 4 * step);
+
+	/* no ceiling: handed out in 64 MiB steps, nothing evicted */
+	kvs_l1_obj *o[400];
+	for (uint32_t i = 0; i < 100; i++)
+		o[i] = put(l1, ck(i), MiB, i);
+	ck_assert_uint_eq(stats(l1).evictions, 0);
+	ck_assert_uint_eq(stats(l1).withheld, 2 * step);
+
+	/* ceiling at what is handed out: new objects evict the oldest instead */
+	kvs_l1_set_ceiling(l1, 2 * step);
+	for (uint32_t i = 100; i < 200; i++)
+		o[i] = put(l1, ck(i), MiB, i);
+	ck_assert_uint_eq(stats(l1).withheld, 2 * step);
+	ck_assert_uint_ge(stats(l1).evictions, 70);
+	ck_assert(!has(l1, ck(0)));
+	for (uint32_t i = 190; i < 200; i++) {
+		ck_assert(has(l1, ck(i)));
+		ck_assert(intact(o[i], i));
+	}
+
+	/* a higher ceiling: one more step, no eviction for it */
+	kvs_l1_set_ceiling(l1, 3 * step + 12345); /* rounded down to pages */
+	uint64_t ev = stats(l1).evictions;
+	o[200] = put(l1, ck(200), MiB, 200);
+	ck_assert_uint_eq(stats(l1).evictions, ev);
+	ck_assert_uint_eq(stats(l1).withheld, step);
+
+	/* nothing evictable (all pinned): above the ceiling rather than fail */
+	uint32_t live = 0;
+	for (uint32_t i = 0; i <= 200; i++)
+		if (has(l1, ck(i))) {
+			kvs_l1_pin(l1, o[i]);
+			live++;
+		}
+	CHK(l1);
+	uint32_t k = 201;
+	while (stats(l1).withheld == step) {
+		o[k] = put(l1, ck(k), MiB, k);
+		kvs_l1_pin(l1, o[k]);
+		k++;
+		ck_assert_uint_lt(k, 400);
+	}
+	ck_assert_uint_eq(stats(l1).evictions, ev); /* it grew: nothing was lost */
+	CHK(l1);
+
+	/* release: everything free, bytes intact, nothing withheld for good */
+	kvs_l1_release(l1);
+	CHK(l1);
+	ck_assert_uint_eq(stats(l1).withheld, 0);
+	ck_assert_uint_eq(kvs_l1_withheld(l1), 0);
+	kvs_l1_set_ceiling(l1, 0); /* no effect once released */
+	for (uint32_t i = 0; i < k; i++)
+		if (has(l1, ck(i)))
+			ck_assert(intact(o[i], i));
+	/* fill the rest pinned: then KVS_E_NOSPACE, as without withholding */
+	int rc = 0;
+	while (k < 400) {
+		kvs_objkey key = ck(k);
+		kvs_l1_obj *x = NULL;
+		rc = kvs_l1_reserve(l1, &key, MiB, &x);
+		if (rc)
+			break;
+		kvs_l1_commit(l1, x);
+		kvs_l1_pin(l1, x);
+		o[k++] = x;
+	}
+	ck_assert_int_eq(rc, KVS_E_NOSPACE);
+	ck_assert_uint_eq(live + (k - 201), 4 * step / MiB);
+	CHK(l1);
+	for (uint32_t i = 0; i < k; i++)
+		if (has(l1, ck(i)))
+			kvs_l1_unpin(l1, o[i]);
+	kvs_l1_clear(l1);
+	CHK(l1);
+	assert_baseline(l1);
+	kvs_l1_destroy(l1);
+}
+END_TEST
+
 Suite *l1_suite(void);
 Suite *l1_suite(void)
 {
@@ -1140,6 +1233,7 @@ Suite *l1_suite(void)
 	tcase_add_test(tc, test_uniform_reuse);
 	tcase_add_test(tc, test_data_integrity);
 	tcase_add_test(tc, test_enomem);
+	tcase_add_test(tc, test_withhold);
 	suite_add_tcase(s, tc);
 
 	tc = tcase_create("meta");
