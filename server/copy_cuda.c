@@ -61,7 +61,8 @@ static void *pin_main(void *arg)
 			/* one slice now and then even while copies run: L1's usable
 			 * size grows with the pinned prefix (kvs_cuda_pinned_prefix) */
 			uint_fast64_t last = atomic_load(&e->trickle_ns);
-			if (now - last >= PIN_TRICKLE_NS && atomic_compare_exchange_strong(&e->trickle_ns, &last, now))
+			if (e->trickle_every_ns && now - last >= e->trickle_every_ns &&
+			    atomic_compare_exchange_strong(&e->trickle_ns, &last, now))
 				copying = false;
 		}
 		if ((atomic_load(&e->pin_hold) > 0 || copying) && atomic_load(&e->n_want) == 0) {
@@ -182,6 +183,8 @@ int kvs_cuda_engine_create(kvs_cq *cq, void *arena, uint64_t arena_size, const k
 	e->stage_min = sm ? strtoull(sm, NULL, 10) : opts->stage_min;
 	if (e->stage_bytes < STAGE_SLOTS * 4096ull)
 		e->stage_bytes = 0;
+	const char *tm = getenv("KVS_CUDA_PIN_TRICKLE_MS");
+	e->trickle_every_ns = tm ? strtoull(tm, NULL, 10) * 1000000ull : 0;
 	const char *ps = getenv("KVS_CUDA_POLL_US");
 	e->poll_spin_ns = (ps ? strtoull(ps, NULL, 10) : opts->poll_us) * 1000ull;
 	for (int d = 0; d < e->n_dev; d++) {

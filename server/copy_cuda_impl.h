@@ -20,7 +20,6 @@
 #define SLICE (32ull << 20)
 #define PIN_THREADS_MAX 16
 #define PIN_QUIET_NS (5ull * 1000 * 1000)
-#define PIN_TRICKLE_NS (50ull * 1000 * 1000)
 #define DESC_PREALLOC 8 /* descriptor buffers allocated at create, before pinning starts */
 
 enum { SLICE_UNPINNED = 0, SLICE_PINNING, SLICE_READY, SLICE_FAILED };
@@ -137,10 +136,13 @@ struct kvs_cuda_engine {
 	atomic_uint n_want;     /* a hint: some want[] may be set */
 	atomic_uint cursor;     /* next slice in address order */
 	uint32_t prefix;        /* slices [0, prefix) are final (kvs_cuda_pinned_prefix; loop) */
-	/* bulk pinning while copies run: one slice per PIN_TRICKLE_NS at most
-	 * (else a steady stream of copies would keep L1's pinned size, and with
-	 * it the ceiling, where it is for good) */
+	/* bulk pinning while copies run: one slice per trickle_every_ns at most
+	 * (KVS_CUDA_PIN_TRICKLE_MS; default 0, off: measured on the H200, each
+	 * such slice held a job's submission for up to 27 ms, and a steady
+	 * stream of copies leaving no 5 ms pause is rare; while there is one,
+	 * L1's usable size stays at the pinned prefix) */
 	atomic_uint_fast64_t trickle_ns;
+	uint64_t trickle_every_ns;
 	atomic_int pin_hold;
 	/* The loop's driver calls against the pinning: measured on an H200, a
 	 * driver call of the loop waited until all of L1 was pinned (3.9 s at

@@ -162,6 +162,7 @@ uint32_t kvs__stats_collect(kvs_server *srv, kvs_counter *c, char (*names)[32])
 	if (srv->cuda)
 		kvs_cuda_get_stats(srv->cuda, &cs);
 	C("cuda_available", srv->cuda != NULL);
+	C("cuda_starting", srv->cuda_pending);
 	C("cuda_devices", srv->cuda ? kvs_cuda_engine_devices(srv->cuda) : 0);
 	C("cuda_tasks", cs.tasks);
 	C("cuda_kernel_launches", cs.kernel_launches);

@@ -314,6 +314,9 @@ int main(void)
 		return 1;
 	}
 	kvs_client *sc = kvt_client(&s, "G", KVS_ROLE_SCHEDULER, 0, W, NULL, NULL);
+	/* the engine is made after the socket is bound (architecture.md §16.4) */
+	for (int i = 0; sc && i < 1500 && kvt_stat(sc, "cuda_starting") == 1; i++)
+		usleep(10000);
 	if (!sc || kvt_stat(sc, "cuda_available") != 1) {
 		printf("SKIP: the server found no usable GPU (cuda_available=0)\n");
 		kvs_client_close(sc);

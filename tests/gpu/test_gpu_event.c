@@ -100,6 +100,8 @@ int main(void)
 	}
 	kvs_client *sc = kvt_client(&s, "EV", KVS_ROLE_SCHEDULER, 0, 1, NULL, NULL);
 	const kvs_cuda_api *cu = kvs_cuda();
+	for (int i = 0; sc && i < 1500 && kvt_stat(sc, "cuda_starting") == 1; i++)
+		usleep(10000);
 	if (!sc || kvt_stat(sc, "cuda_available") != 1 || !cu->ok || !cu->cuStreamWaitValue32) {
 		printf("SKIP: no usable GPU in the server, or no cuStreamWaitValue32 here\n");
 		kvs_client_close(sc);
