@@ -158,6 +158,7 @@ typedef struct kvs_msg {
 	bool prefetch;
 	uint64_t pin_ms;
 	bool lazy;
+	bool complete; /* store: this rank's complete ("ok") rides on the part (protocol.md §6.7) */
 	uint64_t skip_tokens;
 	uint8_t status; /* enum kvs_status */
 	kvs_bytes producer_event;

@@ -133,6 +133,7 @@ static bool skip_opt(const fdesc *f, const char *base)
 	case F_U64: return *(const uint64_t *)(const void *)src == 0;
 	case F_I64: return *(const int64_t *)(const void *)src == f->def;
 	case F_BOOL: return !*(const bool *)src;
+	case F_STR: return ((const kvs_str *)(const void *)src)->len == 0;
 	case F_BINV: return ((const kvs_bytes *)(const void *)src)->len == 0;
 	case F_U64S:
 	case F_KEYS: return *(const uint32_t *)(const void *)(base + f->off_n) == 0;

@@ -112,6 +112,7 @@ static const fdesc store_rq[] = {
 	SESSION, REQ("job", F_U64, job), KEYS, BLOCKS,
 	OPTX("producer_event", F_BINV, producer_event, .max = 64),
 	OPT("lazy", F_BOOL, lazy),
+	OPT("complete", F_BOOL, complete),
 	OPTX("event_hashes", F_KEYS, event_hashes, .off_n = M(n_event_hashes), .max = KVS_MAX_KEYS),
 };
 static const fdesc retrieve_rq[] = {
@@ -150,6 +151,7 @@ static const fdesc lookup_rp[] = {
 static const fdesc job_rp[] = {
 	REQ("job", F_U64, job),
 	REQX("state", F_ENUM, state, .aux = state_names),
+	OPTX("reason", F_STR, reason, .max = KVS_MAX_STR), /* a store with complete: the job's end */
 };
 static const fdesc job_status_rp[] = {
 	REQX("jobs", F_OBJS, job_infos, .off_n = M(n_job_infos), .max = KVS_MAX_JOBS_QUERY,

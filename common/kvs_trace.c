@@ -2,6 +2,7 @@
 #include "kvs_trace.h"
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,7 +25,29 @@ int kvs_trace_on;
 static rec *recs;
 static atomic_uint n_recs;
 
+static void trace_open(void);
+
+/* a forked child records into a file of its own */
+static void trace_child(void)
+{
+	if (recs)
+		munmap(recs, (size_t)KVS_TRACE_MAX * sizeof(rec));
+	recs = NULL;
+	kvs_trace_on = 0;
+	atomic_store(&n_recs, 0);
+	trace_open();
+}
+
 __attribute__((constructor)) static void trace_init(void)
+{
+	const char *dir = getenv("KVS_TRACE");
+	if (!dir || !*dir)
+		return;
+	pthread_atfork(NULL, NULL, trace_child);
+	trace_open();
+}
+
+static void trace_open(void)
 {
 	const char *dir = getenv("KVS_TRACE");
 	if (!dir || !*dir)
@@ -50,8 +73,6 @@ void kvs_trace_rec(int point, uint32_t arg)
 	unsigned i = atomic_fetch_add_explicit(&n_recs, 1, memory_order_relaxed);
 	if (!recs || i >= KVS_TRACE_MAX)
 		return;
-	static __thread uint16_t tid;
-	if (!tid)
-		tid = (uint16_t)syscall(SYS_gettid);
+	uint16_t tid = (uint16_t)syscall(SYS_gettid);
 	recs[i] = (rec){.ns = kvs_now_ns(), .point = (uint16_t)point, .tid = tid, .arg = arg};
 }

@@ -53,6 +53,9 @@ typedef struct kvs_part {
 	uint32_t n_objs;
 	uint64_t retained;
 	uint64_t reply_id; /* retrieve: deferred reply, 0 = none or sent */
+	/* store with `complete`: the part's request, answered when the job is
+	 * terminal (in place of job_done to this session), 0 = none */
+	uint64_t final_id;
 	/* retrieve of L2-only chunks: copies are held until every promotion
 	 * into L1 finished, so a failed one leaves the rank's memory untouched */
 	uint32_t promotes_pending;
@@ -207,6 +210,20 @@ static void push_job_done(kvs_server *srv, kvs_job *job, uint8_t state)
 		     .reason = kvs_str_c(job->reason)};
 	uint64_t sent[64];
 	uint32_t n_sent = 0;
+	/* parts that carried their complete: their request's reply is the
+	 * job's end, and their session gets no push besides */
+	for (uint32_t r = 0; r < job->world; r++) {
+		kvs_part *p = &job->parts[r];
+		if (!p->final_id || !p->session)
+			continue;
+		kvs_msg rep = m;
+		rep.op = KVS_OP_STORE;
+		rep.id = p->final_id;
+		kvs__send_to_session(srv, p->session, &rep);
+		p->final_id = 0;
+		if (n_sent < 64)
+			sent[n_sent++] = p->session;
+	}
 	for (uint32_t r = 0; r < job->world; r++) {
 		uint64_t sid = job->parts[r].session;
 		if (!sid)
@@ -628,7 +645,17 @@ static int op_part(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
 		}
 		engine_submit(g, job, pl.tasks, pl.n_tasks, rq->producer_event.len ? &rq->producer_event : NULL);
 		free(pl.tasks);
-		reply_state(srv, s, rq, KVS_JOB_OPEN);
+		if (!rq->complete) {
+			reply_state(srv, s, rq, KVS_JOB_OPEN);
+			return 0;
+		}
+		/* the rank's complete ("ok") rides on the part: one message and
+		 * one reply per rank and job (protocol.md §6.7) */
+		p->completed = true;
+		p->status = KVS_STATUS_OK;
+		p->final_id = rq->id;
+		job->ranks_done++;
+		try_finalize(srv, job); /* commits now if the copies are done (may free job) */
 		return 0;
 	}
 	/* retrieve: answered once the bytes are in place (or it failed) */

@@ -2,7 +2,6 @@
  * requests for the I/O thread (client_io.c) and the blocking helpers that
  * wait for their completion. Registrations are in client_reg.c. */
 #include <errno.h>
-#include <sched.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <sodium.h>
@@ -322,6 +321,26 @@ int kvs_store_async(kvs_client *c, uint64_t job, const uint8_t *keys, uint32_t n
 	return kvs__submit(c, &m, timeout_ms, done, arg, NULL, NULL);
 }
 
+int kvs_store_complete_async(kvs_client *c, uint64_t job, const uint8_t *keys, uint32_t n_keys,
+			     const kvs_blocks *blocks, const kvs_store_opts *opts, int timeout_ms,
+			     kvs_done_fn done, void *arg)
+{
+	kvs_msg m;
+	int r = job_msg(c, &m, KVS_OP_STORE, job, keys, n_keys, blocks);
+	if (r)
+		return r;
+	if (opts) {
+		m.lazy = opts->lazy;
+		m.producer_event = (kvs_bytes){opts->producer_event, opts->producer_event_len};
+		if (opts->event_hashes) {
+			m.event_hashes = opts->event_hashes;
+			m.n_event_hashes = n_keys;
+		}
+	}
+	m.complete = true;
+	return kvs__submit(c, &m, timeout_ms, done, arg, kvs__store_completed, NULL);
+}
+
 int kvs_retrieve_async(kvs_client *c, uint64_t job, const uint8_t *keys, uint32_t n_keys,
 		       const kvs_blocks *blocks, uint64_t skip_tokens, int timeout_ms,
 		       kvs_done_fn done, void *arg)
@@ -474,6 +493,15 @@ int kvs_admin(kvs_client *c, int cmd, uint32_t wait_ms, int timeout_ms, kvs_admi
 	return r;
 }
 
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+	__builtin_ia32_pause();
+#elif defined(__aarch64__)
+	__asm__ volatile("yield");
+#endif
+}
+
 int kvs_job_wait(kvs_client *c, uint64_t job, int timeout_ms, int *ret_state)
 {
 	if (kvs__on_io_thread(c))
@@ -497,9 +525,13 @@ int kvs_job_wait(kvs_client *c, uint64_t job, int timeout_ms, int *ret_state)
 			}
 		if (r == 0)
 			break;
-		if (spin_end && kvs_now_ns() < spin_end) { /* busy poll: check again without sleeping */
+		if (spin_end && kvs_now_ns() < spin_end) {
+			/* busy poll: watch the ring's count without the lock (the
+			 * I/O thread takes it to push), look again once it moved */
+			uint64_t seen = c->ring_n;
 			pthread_mutex_unlock(&c->mu);
-			sched_yield();
+			while (__atomic_load_n(&c->ring_n, __ATOMIC_ACQUIRE) == seen && kvs_now_ns() < spin_end)
+				cpu_relax();
 			pthread_mutex_lock(&c->mu);
 			continue;
 		}

@@ -193,6 +193,11 @@ void kvs__restore_step_done(kvs_client *c, int code);
 /* Runs r's completion (internal bookkeeping or the application's callback,
  * with the reply marshalled into a kvs_result) and frees r. rep may be NULL. */
 void kvs__finish(kvs_client *c, kvs__req *r, const kvs_msg *rep, int code);
+/* kvs__req.internal of kvs_store_complete_async's request (client_result.c). */
+void kvs__store_completed(kvs_client *c, kvs__req *r, const kvs_msg *rep, int code);
+/* A job's end (job_done, or a store-with-complete's terminal reply) into the
+ * ring kvs_job_wait reads, and to the event callback (client_io.c). */
+void kvs__job_done_push(kvs_client *c, const kvs_msg *rep);
 
 /* ---- the broker push (client_broker.c; I/O thread) ---- */
 

@@ -233,14 +233,14 @@ static void on_heartbeat(kvs_client *c, kvs__req *r, const kvs_msg *rep, int cod
 
 /* ---- replies --------------------------------------------------------------------- */
 
-static void job_done_push(kvs_client *c, const kvs_msg *rep)
+void kvs__job_done_push(kvs_client *c, const kvs_msg *rep)
 {
 	char reason[KVS_MAX_STR + 1];
 	kvs_str_copy(reason, sizeof(reason), rep->reason);
 	pthread_mutex_lock(&c->mu);
 	c->ring[c->ring_n % KVS__JOB_RING].job = rep->job;
 	c->ring[c->ring_n % KVS__JOB_RING].state = rep->state;
-	c->ring_n++;
+	__atomic_store_n(&c->ring_n, c->ring_n + 1, __ATOMIC_RELEASE); /* kvs_job_wait's spin reads it unlocked */
 	pthread_cond_broadcast(&c->job_cv);
 	pthread_mutex_unlock(&c->mu);
 	kvs_event ev = {.type = KVS_EVENT_JOB_DONE, .job = rep->job, .state = rep->state,
@@ -265,7 +265,7 @@ static void handle_reply(kvs_client *c, const void *data, size_t len)
 	bool new_epoch = c->have_epoch && memcmp(rep.epoch, c->epoch, KVS_EPOCH_BYTES) != 0;
 	if (rep.op == KVS_OP_JOB_DONE && rep.id == 0) {
 		KVS_TRACE(KVS_TP_IO_RECV, 0);
-		job_done_push(c, &rep);
+		kvs__job_done_push(c, &rep);
 		KVS_TRACE(KVS_TP_IO_JOB_DONE, 0);
 	} else {
 		kvs__req *q = kvs_htab_del(c->pending, &rep.id);

@@ -68,11 +68,9 @@ static void fill(const kvs_client *c, const kvs_msg *rep, kvs_result *res, kvs_a
 	}
 }
 
-void kvs__finish(kvs_client *c, kvs__req *r, const kvs_msg *rep, int code)
+static void deliver(kvs_client *c, kvs__req *r, const kvs_msg *rep, int code)
 {
-	if (r->internal) {
-		r->internal(c, r, rep, code);
-	} else if (r->done) {
+	if (r->done) {
 		kvs_result res = {.code = code, .msg = ""};
 		kvs_admin_info admin = {0};
 		char msgbuf[KVS_MAX_ERRMSG + 1];
@@ -84,5 +82,31 @@ void kvs__finish(kvs_client *c, kvs__req *r, const kvs_msg *rep, int code)
 		}
 		r->done(&res, r->arg);
 	}
+}
+
+void kvs__finish(kvs_client *c, kvs__req *r, const kvs_msg *rep, int code)
+{
+	if (r->internal)
+		r->internal(c, r, rep, code);
+	else
+		deliver(c, r, rep, code);
 	kvs__req_free(r);
+}
+
+/* The reply to a store that carried its complete (kvs_store_complete_async):
+ * a terminal state is the job's end, which kvs_job_wait and the event
+ * callback learn as from job_done; "open" comes from a server that ignored
+ * the field, so the rank's complete is sent now. Then the caller's done. */
+void kvs__store_completed(kvs_client *c, kvs__req *r, const kvs_msg *rep, int code)
+{
+	if (!code && rep && rep->ok) {
+		if (rep->state == KVS_JOB_COMMITTED || rep->state == KVS_JOB_ABORTED) {
+			kvs__job_done_push(c, rep);
+		} else {
+			kvs_msg m = {.op = KVS_OP_COMPLETE, .session = atomic_load(&c->session), .job = rep->job,
+				     .status = KVS_STATUS_OK};
+			(void)kvs__submit(c, &m, 0, NULL, NULL, NULL, NULL);
+		}
+	}
+	deliver(c, r, rep, code);
 }

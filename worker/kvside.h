@@ -277,6 +277,19 @@ typedef struct kvs_store_opts {
 KVS_EXPORT int kvs_store_async(kvs_client *c, uint64_t job, const uint8_t *keys, uint32_t n_keys,
 			       const kvs_blocks *blocks, const kvs_store_opts *opts, int timeout_ms,
 			       kvs_done_fn done, void *arg);
+/** A store part that also completes this rank's part ("ok"), for a rank that
+ * has nothing to decide after its copies: one message and one reply per rank
+ * and job instead of a part, a complete, two replies and job_done
+ * (protocol.md §6.7). The reply, and so done, comes when the job is
+ * terminal: res->state is KVS_JOB_COMMITTED or KVS_JOB_ABORTED, and
+ * kvs_job_wait and the event callback see the job's end as from job_done. A
+ * refused part is answered at once with its error (the job aborts). A server
+ * that predates the field answers at once with KVS_JOB_OPEN; the library then
+ * sends the complete itself and the job's end comes by job_done. Give
+ * timeout_ms room for the whole job. */
+KVS_EXPORT int kvs_store_complete_async(kvs_client *c, uint64_t job, const uint8_t *keys, uint32_t n_keys,
+					const kvs_blocks *blocks, const kvs_store_opts *opts, int timeout_ms,
+					kvs_done_fn done, void *arg);
 KVS_EXPORT int kvs_retrieve_async(kvs_client *c, uint64_t job, const uint8_t *keys, uint32_t n_keys,
 				  const kvs_blocks *blocks, uint64_t skip_tokens, int timeout_ms,
 				  kvs_done_fn done, void *arg);

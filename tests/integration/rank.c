@@ -158,8 +158,12 @@ static void part_then_complete(kvs_client *c, const kvt_cmd *cmd, const uint8_t 
 	res->state = r ? -1 : w.code[1] ? -w.code[1] : w.state[1];
 }
 
+static void onemsg_cb(const kvs_result *r, void *arg) { pair_done(arg, 0, r); }
+
 static void rank_main(kvt_server *s, const char *engine, uint32_t rank, uint32_t world, int cfd, int rfd)
 {
+	pair_wait one = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+	uint64_t one_job = 0;
 	kvs_client *c = kvt_client(s, engine, KVS_ROLE_WORKER, rank, world, NULL, NULL);
 	kvt_res res = {.code = c ? 0 : -1};
 	region rg = {.size = {A0_SIZE, A1_SIZE}};
@@ -215,6 +219,27 @@ static void rank_main(kvt_server *s, const char *engine, uint32_t rank, uint32_t
 			fill_lists(&cmd, cmd.dst_base, l0, l1);
 			part_then_complete(c, &cmd, keys, &bl, to, &res);
 			break;
+		case KVT_STORE_ONEMSG:
+			fill_lists(&cmd, cmd.src_base, l0, l1);
+			one.left = 1;
+			one_job = cmd.job;
+			res.code = kvs_store_complete_async(c, cmd.job, keys, cmd.n_keys, &bl, NULL, to, onemsg_cb, &one);
+			if (res.code)
+				one.left = 0;
+			break;
+		case KVT_ONEMSG_RESULT: {
+			pthread_mutex_lock(&one.mu);
+			while (one.left > 0)
+				pthread_cond_wait(&one.cv, &one.mu);
+			pthread_mutex_unlock(&one.mu);
+			res.code = one.code[0];
+			res.state = one.state[0];
+			int st = 99;
+			if (kvs_job_wait(c, one_job, 1000, &st) != 0)
+				st = 99;
+			res.value = (uint64_t)st;
+			break;
+		}
 		case KVT_VERIFY:
 			verify(&rg, &cmd, &res);
 			break;

@@ -23,7 +23,13 @@ enum kvt_cmd_op { KVT_STORE = 1, KVT_RETRIEVE, KVT_COMPLETE, KVT_VERIFY, KVT_UNR
 		  /* the part and its complete ("ok") queued back to back, without
 		   * waiting for the part's reply: code = the part's, state = the
 		   * complete's reply */
-		  KVT_STORE_COMPLETE, KVT_RETRIEVE_COMPLETE };
+		  KVT_STORE_COMPLETE, KVT_RETRIEVE_COMPLETE,
+		  /* the part with its complete in one message
+		   * (kvs_store_complete_async): queued, code = the queueing's;
+		   * KVT_ONEMSG_RESULT then waits for its reply: code and state of
+		   * the reply, value = the state kvs_job_wait then reports (or
+		   * 99 if it timed out) */
+		  KVT_STORE_ONEMSG, KVT_ONEMSG_RESULT };
 
 typedef struct kvt_cmd {
 	int op;

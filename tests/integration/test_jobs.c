@@ -161,6 +161,82 @@ START_TEST(part_and_complete_back_to_back)
 }
 END_TEST
 
+/* A part that carries its complete (kvs_store_complete_async, protocol.md
+ * §6.7): every rank sends one message; each reply comes when the job is
+ * terminal and carries its state, and kvs_job_wait sees it; schedulers still
+ * get job_done; the bytes are exact. Mixed with ranks that complete
+ * separately; a refused part is answered at once and aborts the job; a
+ * repeat after the end is answered at once with the end. */
+START_TEST(part_carries_its_complete)
+{
+	world w;
+	world_up(&w, "3000", "60000", "2000");
+	kvt_res res;
+	for (uint32_t i = 0; i < W; i++) {
+		kvt_cmd c = {.op = KVT_STORE_ONEMSG, .job = 21, .n_keys = N, .src_base = 0};
+		ck_assert_int_eq(kvt_rank_do(&w.r[i], &c, &res), 0);
+		ck_assert_int_eq(res.code, 0);
+	}
+	for (uint32_t i = 0; i < W; i++) {
+		kvt_cmd c = {.op = KVT_ONEMSG_RESULT};
+		ck_assert_int_eq(kvt_rank_do(&w.r[i], &c, &res), 0);
+		ck_assert_int_eq(res.code, 0);
+		ck_assert_int_eq(res.state, KVS_JOB_COMMITTED);
+		ck_assert_uint_eq(res.value, KVS_JOB_COMMITTED);
+	}
+	ck_assert_int_eq(wait_job(&w, 21, 5000), KVS_JOB_COMMITTED);
+	ck_assert_uint_eq(lookup(w.sched, 0, N), N);
+	all_do(&w, (kvt_cmd){.op = KVT_RETRIEVE_COMPLETE, .job = 22, .n_keys = N, .dst_base = 32}, 0, -1);
+	ck_assert_int_eq(wait_job(&w, 22, 5000), KVS_JOB_COMMITTED);
+	for (uint32_t i = 0; i < W; i++) {
+		kvt_cmd v = {.op = KVT_VERIFY, .n_keys = N, .src_base = 0, .dst_base = 32};
+		ck_assert_int_eq(kvt_rank_do(&w.r[i], &v, &res), 0);
+		ck_assert_msg(res.value == 0, "rank %u: %llu bytes differ", i, (unsigned long long)res.value);
+	}
+	/* a repeat after the end: answered at once with it */
+	kvt_cmd again = {.op = KVT_STORE_ONEMSG, .job = 21, .n_keys = N, .src_base = 0};
+	ck_assert_int_eq(kvt_rank_do(&w.r[0], &again, &res), 0);
+	kvt_cmd get = {.op = KVT_ONEMSG_RESULT};
+	ck_assert_int_eq(kvt_rank_do(&w.r[0], &get, &res), 0);
+	ck_assert_int_eq(res.code, 0);
+	ck_assert_int_eq(res.state, KVS_JOB_COMMITTED);
+
+	/* mixed: rank 0 in one message, the others part then complete */
+	kvt_cmd one = {.op = KVT_STORE_ONEMSG, .job = 23, .first_key = N, .n_keys = 2, .src_base = 0};
+	ck_assert_int_eq(kvt_rank_do(&w.r[0], &one, &res), 0);
+	ck_assert_int_eq(res.code, 0);
+	for (uint32_t i = 1; i < W; i++) {
+		kvt_cmd c = {.op = KVT_STORE_COMPLETE, .job = 23, .first_key = N, .n_keys = 2, .src_base = 0};
+		ck_assert_int_eq(kvt_rank_do(&w.r[i], &c, &res), 0);
+		ck_assert_int_eq(res.code, 0);
+	}
+	ck_assert_int_eq(kvt_rank_do(&w.r[0], &get, &res), 0);
+	ck_assert_int_eq(res.code, 0);
+	ck_assert_int_eq(res.state, KVS_JOB_COMMITTED);
+	ck_assert_int_eq(wait_job(&w, 23, 5000), KVS_JOB_COMMITTED);
+
+	/* refused (a block out of range): the error at once, the job aborts */
+	uint64_t objs = kvt_stat(w.sched, "l1_objects");
+	kvt_cmd bad = {.op = KVT_STORE_ONEMSG, .job = 24, .first_key = N + 2, .n_keys = 2, .src_base = KVT_NUM_BLOCKS - 2};
+	ck_assert_int_eq(kvt_rank_do(&w.r[0], &bad, &res), 0);
+	ck_assert_int_eq(res.code, 0); /* queued */
+	ck_assert_int_eq(kvt_rank_do(&w.r[0], &get, &res), 0);
+	ck_assert_int_eq(res.code, KVS_E_RANGE);
+	ck_assert_int_eq(wait_job(&w, 24, 5000), KVS_JOB_ABORTED);
+	for (uint32_t i = 1; i < W; i++) {
+		kvt_cmd c = {.op = KVT_STORE_ONEMSG, .job = 24, .first_key = N + 2, .n_keys = 2, .src_base = 0};
+		ck_assert_int_eq(kvt_rank_do(&w.r[i], &c, &res), 0);
+		ck_assert_int_eq(kvt_rank_do(&w.r[i], &get, &res), 0);
+		ck_assert_int_eq(res.code, 0);
+		ck_assert_int_eq(res.state, KVS_JOB_ABORTED);
+	}
+	ck_assert_uint_eq(kvt_stat(w.sched, "l1_objects"), objs);
+	ck_assert_uint_eq(kvt_stat(w.sched, "jobs_open"), 0);
+	ck_assert_uint_eq(kvt_stat(w.sched, "retained_blocks"), 0);
+	world_down(&w);
+}
+END_TEST
+
 START_TEST(concurrent_overlapping_stores)
 {
 	world w;
@@ -464,6 +540,7 @@ static Suite *jobs_suite(void)
 	tcase_set_timeout(tc, 90);
 	tcase_add_test(tc, store_lookup_retrieve_roundtrip);
 	tcase_add_test(tc, part_and_complete_back_to_back);
+	tcase_add_test(tc, part_carries_its_complete);
 	tcase_add_test(tc, concurrent_overlapping_stores);
 	tcase_add_test(tc, killed_rank_aborts_job);
 	tcase_add_test(tc, repeats_after_terminal_change_nothing);

@@ -449,7 +449,7 @@ static kvs_msg q_store(void)
 	fixtures();
 	kvs_msg m = {.op = KVS_OP_STORE, .id = 9, .session = 5, .job = 99, .keys = KEYS[0],
 		     .n_keys = 2, .producer_event = {EVENT, 64}, .lazy = true, .event_hashes = KEYS[1],
-		     .n_event_hashes = 2};
+		     .n_event_hashes = 2, .complete = true};
 	m.blocks.n = 2;
 	m.blocks.ids[0] = BLK0;
 	m.blocks.len[0] = 8;
@@ -520,6 +520,11 @@ static kvs_msg r_unregister(void) { RP(KVS_OP_UNREGISTER, 6, .code = 0); }
 static kvs_msg r_lookup(void) { RP(KVS_OP_LOOKUP, 7, .hits = 3, .tiers = TIERS, .n_tiers = 3); }
 static kvs_msg r_lookup_miss(void) { RP(KVS_OP_LOOKUP, 8, .hits = 0); }
 static kvs_msg r_store(void) { RP(KVS_OP_STORE, 9, .job = 99, .state = KVS_JOB_OPEN); }
+/* a store that carried its complete, answered at the job's end */
+static kvs_msg r_store_end(void)
+{
+	RP(KVS_OP_STORE, 19, .job = 99, .state = KVS_JOB_ABORTED, .reason = S("rank 1 reported failure"));
+}
 static kvs_msg r_retrieve(void) { RP(KVS_OP_RETRIEVE, 11, .job = 101, .state = KVS_JOB_COMMITTED); }
 static kvs_msg r_complete(void) { RP(KVS_OP_COMPLETE, 12, .job = 99, .state = KVS_JOB_ABORTED); }
 static kvs_msg r_job_status(void)
@@ -557,7 +562,7 @@ static const struct {
 	B(q_stats_session),
 	B(r_hello), B(r_heartbeat), B(r_bye), B(r_register), B(r_unregister), B(r_lookup),
 	B(r_lookup_miss), B(r_store), B(r_retrieve), B(r_complete), B(r_job_status),
-	B(r_job_status_empty), B(r_stats), B(r_stats_empty), B(r_job_done), B(r_job_done_unknown),
+	B(r_job_status_empty), B(r_stats), B(r_stats_empty), B(r_job_done), B(r_job_done_unknown), B(r_store_end),
 	B(r_error),
 #undef B
 };
@@ -639,6 +644,7 @@ static void assert_msg_eq(const kvs_msg *a, const kvs_msg *b)
 	EQ(prefetch);
 	EQ(pin_ms);
 	EQ(lazy);
+	EQ(complete);
 	EQ(skip_tokens);
 	EQ(status);
 	EQ(producer_event.len);
@@ -820,11 +826,13 @@ START_TEST(test_optional_omitted)
 	/* store: lazy false, an empty producer_event and no event_hashes are left out */
 	a = q_store();
 	a.lazy = false;
+	a.complete = false;
 	a.producer_event = (kvs_bytes){NULL, 0};
 	a.n_event_hashes = 0;
 	b = enc(&a);
 	ck_assert_uint_eq(wire_map_size(b), 7); /* v op id session job keys blocks */
 	ck_assert(!wire_has(b, "lazy"));
+	ck_assert(!wire_has(b, "complete"));
 	ck_assert(!wire_has(b, "producer_event"));
 	ck_assert(!wire_has(b, "event_hashes"));
 	d = decode_ok(b, false);
@@ -1693,6 +1701,8 @@ static const dcase CASES[] = {
 	ROW(q_store, "producer_event", M_SET, TB(65), KVS_E_LIMIT),
 	ROW(q_store, "producer_event", M_SET, TSN(8), KVS_E_BADMSG),
 	ROW(q_store, "lazy", M_SET, TS("yes"), KVS_E_BADMSG),
+	ROW(q_store, "complete", M_SET, TS("yes"), KVS_E_BADMSG),
+	ROW(q_store, "complete", M_SET, TU(1), KVS_E_BADMSG),
 	ROW(q_store, "lazy", M_SET, TU(0), KVS_E_BADMSG),
 	ROW(q_retrieve, "skip_tokens", M_SET, TI(-1), KVS_E_BADMSG),
 	ROW(q_retrieve, "skip_tokens", M_SET, TS("16"), KVS_E_BADMSG),
