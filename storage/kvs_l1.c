@@ -148,6 +148,27 @@ static ref find_free(const kvs_l1 *l1, uint32_t n)
 	return l1->bins[fl][__builtin_ctz(m)];
 }
 
+/* Splits the first n pages (fewer than it has) of extent r off into a new
+ * record placed before r in address order; r keeps the rest. Neither is
+ * binned or given a state here. */
+static ref split_front(kvs_l1 *l1, ref r, uint32_t n)
+{
+	ref nr = rec_alloc(l1); /* the table never moves: r's record stays valid */
+	kvs_l1_obj *f = rec(l1, r), *o = rec(l1, nr);
+	o->data = f->data;
+	o->npages = n;
+	o->aprev = f->aprev;
+	o->anext = r;
+	if (f->aprev)
+		rec(l1, f->aprev)->anext = nr;
+	else
+		l1->afirst = nr;
+	f->aprev = nr;
+	f->data += (size_t)n << PAGE_SHIFT;
+	f->npages -= n;
+	return nr;
+}
+
 /* Takes the first n pages of free run r. Returns the record of the taken
  * extent, still marked FREE and out of the bins: r itself on an exact fit,
  * else a new record placed before r, which keeps the rest. */
@@ -158,20 +179,8 @@ static ref extent_take(kvs_l1 *l1, ref r, uint32_t n)
 	bin_remove(l1, r);
 	if (f->npages == n)
 		return r;
-	ref nr = rec_alloc(l1); /* the table never moves: f stays valid */
-	kvs_l1_obj *o = rec(l1, nr);
-	o->data = f->data;
-	o->npages = n;
-	o->state = KVS_L1_FREE;
-	o->aprev = f->aprev;
-	o->anext = r;
-	if (f->aprev)
-		rec(l1, f->aprev)->anext = nr;
-	else
-		l1->afirst = nr;
-	f->aprev = nr;
-	f->data += (size_t)n << PAGE_SHIFT;
-	f->npages -= n;
+	ref nr = split_front(l1, r, n);
+	rec(l1, nr)->state = KVS_L1_FREE;
 	bin_insert(l1, r);
 	return nr;
 }
@@ -488,19 +497,7 @@ static bool wh_grow(kvs_l1 *l1, uint32_t n, bool beyond)
 		extent_release(l1, r);
 		return true;
 	}
-	ref nr = rec_alloc(l1); /* the table never moves: w stays valid */
-	kvs_l1_obj *o = rec(l1, nr);
-	o->data = w->data;
-	o->npages = take;
-	o->aprev = w->aprev;
-	o->anext = l1->wh;
-	if (w->aprev)
-		rec(l1, w->aprev)->anext = nr;
-	else
-		l1->afirst = nr;
-	w->aprev = nr;
-	w->data += (size_t)take << PAGE_SHIFT;
-	w->npages -= take;
+	ref nr = split_front(l1, l1->wh, take);
 	l1->wh_pages -= take;
 	extent_release(l1, nr); /* FREE, merged with a free run before it */
 	return true;

@@ -302,23 +302,28 @@ static int job_msg(kvs_client *c, kvs_msg *m, kvs_op op, uint64_t job, const uin
 	return fill_blocks(m, blocks);
 }
 
+static int store_msg(kvs_client *c, kvs_msg *m, uint64_t job, const uint8_t *keys, uint32_t n_keys,
+		     const kvs_blocks *blocks, const kvs_store_opts *opts)
+{
+	int r = job_msg(c, m, KVS_OP_STORE, job, keys, n_keys, blocks);
+	if (r || !opts)
+		return r;
+	m->lazy = opts->lazy;
+	m->producer_event = (kvs_bytes){opts->producer_event, opts->producer_event_len};
+	if (opts->event_hashes) {
+		m->event_hashes = opts->event_hashes;
+		m->n_event_hashes = n_keys;
+	}
+	return 0;
+}
+
 int kvs_store_async(kvs_client *c, uint64_t job, const uint8_t *keys, uint32_t n_keys,
 		    const kvs_blocks *blocks, const kvs_store_opts *opts, int timeout_ms,
 		    kvs_done_fn done, void *arg)
 {
 	kvs_msg m;
-	int r = job_msg(c, &m, KVS_OP_STORE, job, keys, n_keys, blocks);
-	if (r)
-		return r;
-	if (opts) {
-		m.lazy = opts->lazy;
-		m.producer_event = (kvs_bytes){opts->producer_event, opts->producer_event_len};
-		if (opts->event_hashes) {
-			m.event_hashes = opts->event_hashes;
-			m.n_event_hashes = n_keys;
-		}
-	}
-	return kvs__submit(c, &m, timeout_ms, done, arg, NULL, NULL);
+	int r = store_msg(c, &m, job, keys, n_keys, blocks, opts);
+	return r ? r : kvs__submit(c, &m, timeout_ms, done, arg, NULL, NULL);
 }
 
 int kvs_store_complete_async(kvs_client *c, uint64_t job, const uint8_t *keys, uint32_t n_keys,
@@ -326,17 +331,9 @@ int kvs_store_complete_async(kvs_client *c, uint64_t job, const uint8_t *keys, u
 			     kvs_done_fn done, void *arg)
 {
 	kvs_msg m;
-	int r = job_msg(c, &m, KVS_OP_STORE, job, keys, n_keys, blocks);
+	int r = store_msg(c, &m, job, keys, n_keys, blocks, opts);
 	if (r)
 		return r;
-	if (opts) {
-		m.lazy = opts->lazy;
-		m.producer_event = (kvs_bytes){opts->producer_event, opts->producer_event_len};
-		if (opts->event_hashes) {
-			m.event_hashes = opts->event_hashes;
-			m.n_event_hashes = n_keys;
-		}
-	}
 	m.complete = true;
 	return kvs__submit(c, &m, timeout_ms, done, arg, kvs__store_completed, NULL);
 }

@@ -236,6 +236,36 @@ class BindingTest(unittest.TestCase):
             ranks[0].client.store_async(100, keys, [[1 << 64] * (n * BPC)])
         self.assertEqual(sched.stats()["retained_blocks"], 0)
 
+    def test_store_carrying_its_complete(self):
+        """store_complete_async on both ranks: one message each, each Pending
+        ends with the job's end ("committed"), job_wait agrees on the ranks
+        and on the scheduler, and the bytes come back exact."""
+        sched = self.client()
+        ranks = [Rank(self.srv, r, 2) for r in range(2)]
+        for r in ranks:
+            self.closers.append(r.close)
+        n = 2
+        keys = kvside.chunk_keys(NS, tokens(5, n), CHUNK)
+        ps = [r.client.store_complete_async(70, keys, [block_ids(0, n)[0]], timeout_ms=10000) for r in ranks]
+        self.assertEqual([p.result(10) for p in ps], ["committed", "committed"])
+        self.assertEqual(sched.job_wait(70, 5000), "committed")
+        for r in ranks:
+            self.assertEqual(r.client.job_wait(70, 1000), "committed")
+        dst = 40
+        ps = [r.client.retrieve_async(71, keys, [block_ids(dst, n)[0]]) for r in ranks]
+        self.assertEqual([p.result(5) for p in ps], ["open", "open"])
+        for r in ranks:
+            r.client.complete(71)
+            for l in range(LAYERS):
+                for b in range(n * BPC):
+                    self.assertEqual(block_at(r.mem, l, dst + b), block_at(r.mem, l, b))
+        # a refused part: its error, the job aborted
+        p = ranks[0].client.store_complete_async(72, keys, [[10 ** 6] * (n * BPC)])
+        with self.assertRaises(kvside.KvsideError) as e:
+            p.result(5)
+        self.assertEqual(e.exception.code_name, "E_RANGE")
+        self.assertEqual(sched.job_wait(72, 5000), "aborted")
+
     def test_range_of_two_memfds(self):
         """Two memfds registered as one range (the second follows the first):
         a layer view crossing from one into the other stores and retrieves

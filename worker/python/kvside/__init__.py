@@ -186,6 +186,8 @@ def _load():
         "kvs_retrieve_async": (i32, [P, u64, ctypes.c_char_p, u32, ctypes.POINTER(_Blocks), u64, i32,
                                      _DONE_FN, P]),
         "kvs_complete_async": (i32, [P, u64, ctypes.c_bool, i32, _DONE_FN, P]),
+        "kvs_store_complete_async": (i32, [P, u64, ctypes.c_char_p, u32, ctypes.POINTER(_Blocks),
+                                           ctypes.POINTER(_StoreOpts), i32, _DONE_FN, P]),
         "kvs_lookup_async": (i32, [P, ctypes.c_char_p, u32, ctypes.c_bool, u32, i32, _DONE_FN, P]),
         "kvs_job_status": (i32, [P, ctypes.POINTER(u64), u32, i32, ctypes.POINTER(_JobInfoOut), u32,
                                  ctypes.POINTER(u32)]),
@@ -680,6 +682,20 @@ class Client:
             opts = _StoreOpts(False, None, 0, _event_hashes_arg(event_hashes, n))
         h = self._h()
         return self._submit(Pending("store", job, callback), lambda fn, tok: _lib.kvs_store_async(
+            h, job, kb, n, ctypes.byref(bl), ctypes.byref(opts) if opts else None, timeout_ms, fn, tok))
+
+    def store_complete_async(self, job, keys, blocks, timeout_ms=0, callback=None, event_hashes=None):
+        """Queues a store part that carries this rank's complete ("ok"): one
+        message per rank and job (protocol.md 6.7). The Pending ends when the
+        job is terminal, with "committed" or "aborted" (job_wait sees it too),
+        or with the part's error. Give timeout_ms room for the whole job."""
+        kb, n = _keys_arg(keys)
+        bl, keep = _blocks_arg(blocks)
+        opts = None
+        if event_hashes is not None:
+            opts = _StoreOpts(False, None, 0, _event_hashes_arg(event_hashes, n))
+        h = self._h()
+        return self._submit(Pending("store", job, callback), lambda fn, tok: _lib.kvs_store_complete_async(
             h, job, kb, n, ctypes.byref(bl), ctypes.byref(opts) if opts else None, timeout_ms, fn, tok))
 
     def retrieve_async(self, job, keys, blocks, skip_tokens=0, timeout_ms=0, callback=None):
