@@ -54,17 +54,8 @@ static void *pin_main(void *arg)
 	while (!atomic_load(&e->stop)) {
 		/* a register's driver calls go first; a part waiting for a slice
 		 * goes before both */
-		uint64_t now = kvs_now_ns();
 		bool copying = atomic_load(&e->parts_inflight) > 0 ||
-			       now - atomic_load(&e->copy_active_ns) < PIN_QUIET_NS;
-		if (copying && atomic_load(&e->pin_hold) == 0 && atomic_load(&e->n_want) == 0) {
-			/* one slice now and then even while copies run: L1's usable
-			 * size grows with the pinned prefix (kvs_cuda_pinned_prefix) */
-			uint_fast64_t last = atomic_load(&e->trickle_ns);
-			if (e->trickle_every_ns && now - last >= e->trickle_every_ns &&
-			    atomic_compare_exchange_strong(&e->trickle_ns, &last, now))
-				copying = false;
-		}
+			       kvs_now_ns() - atomic_load(&e->copy_active_ns) < PIN_QUIET_NS;
 		if ((atomic_load(&e->pin_hold) > 0 || copying) && atomic_load(&e->n_want) == 0) {
 			usleep(200);
 			continue;
@@ -183,8 +174,6 @@ int kvs_cuda_engine_create(kvs_cq *cq, void *arena, uint64_t arena_size, const k
 	e->stage_min = sm ? strtoull(sm, NULL, 10) : opts->stage_min;
 	if (e->stage_bytes < STAGE_SLOTS * 4096ull)
 		e->stage_bytes = 0;
-	const char *tm = getenv("KVS_CUDA_PIN_TRICKLE_MS");
-	e->trickle_every_ns = tm ? strtoull(tm, NULL, 10) * 1000000ull : 0;
 	const char *ps = getenv("KVS_CUDA_POLL_US");
 	e->poll_spin_ns = (ps ? strtoull(ps, NULL, 10) : opts->poll_us) * 1000ull;
 	for (int d = 0; d < e->n_dev; d++) {
@@ -459,7 +448,6 @@ static bool poll_unlink(kvs_cuda_engine *e, inflight *f)
 	*(f->pprev ? &f->pprev->pnext : &e->poll_head) = f->pnext;
 	*(f->pnext ? &f->pnext->pprev : &e->poll_tail) = f->pprev;
 	f->listed = false;
-	e->n_polled--;
 	return true;
 }
 
@@ -886,7 +874,6 @@ static void submit_part(kvs_cuda_engine *e, kvs_cuda_stream *s, const kvs_copy_p
 		f->pprev = e->poll_tail;
 		*(e->poll_tail ? &e->poll_tail->pnext : &e->poll_head) = f;
 		e->poll_tail = f;
-		e->n_polled++;
 	}
 	atomic_fetch_add(&e->parts_inflight, 1);
 	atomic_store(&e->copy_active_ns, kvs_now_ns());
@@ -944,7 +931,6 @@ static void part_complete(inflight *f)
 	}
 	for (uint32_t i = 0; i < f->n_tasks; i++)
 		f->tasks[i]->cq.done(&f->tasks[i]->cq);
-	f->n_tasks = 0;
 	if (listed)
 		inflight_unref(f);
 }

@@ -136,13 +136,6 @@ struct kvs_cuda_engine {
 	atomic_uint n_want;     /* a hint: some want[] may be set */
 	atomic_uint cursor;     /* next slice in address order */
 	uint32_t prefix;        /* slices [0, prefix) are final (kvs_cuda_pinned_prefix; loop) */
-	/* bulk pinning while copies run: one slice per trickle_every_ns at most
-	 * (KVS_CUDA_PIN_TRICKLE_MS; default 0, off: measured on the H200, each
-	 * such slice held a job's submission for up to 27 ms, and a steady
-	 * stream of copies leaving no 5 ms pause is rare; while there is one,
-	 * L1's usable size stays at the pinned prefix) */
-	atomic_uint_fast64_t trickle_ns;
-	uint64_t trickle_every_ns;
 	atomic_int pin_hold;
 	/* The loop's driver calls against the pinning: measured on an H200, a
 	 * driver call of the loop waited until all of L1 was pinned (3.9 s at
@@ -171,7 +164,6 @@ struct kvs_cuda_engine {
 	 * first; loop-owned. poll_spin_ns: how long after its queueing a part
 	 * keeps the loop spinning (0: never poll, host functions only). */
 	inflight *poll_head, *poll_tail;
-	uint32_t n_polled;
 	uint64_t poll_spin_ns;
 	/* staging memory of released registrations, per device, for the next
 	 * ones: cuMemFree synchronizes the whole device, which the loop must

@@ -106,14 +106,14 @@ typedef struct cuda_item {
 	uint64_t arena_size;
 	kvs_cuda_opts opts;
 	kvs_cuda_engine *e;
-	uint64_t t0_ns, ns;
+	uint64_t ns; /* how long making it took */
 	char why[160];
 } cuda_item;
 
 static void cuda_make(kvs_workq_item *wi)
 {
 	cuda_item *c = (cuda_item *)wi;
-	c->t0_ns = kvs_now_ns();
+	uint64_t t0 = kvs_now_ns();
 	/* KVS_TEST_ENGINE_DELAY_MS: a stand-in for a slow driver start (the
 	 * integration test regslow; no GPU needed) */
 	const char *d = getenv("KVS_TEST_ENGINE_DELAY_MS");
@@ -121,14 +121,14 @@ static void cuda_make(kvs_workq_item *wi)
 		usleep((useconds_t)strtoul(d, NULL, 10) * 1000u);
 	if (kvs_cuda_engine_create(c->srv->cq, c->arena, c->arena_size, &c->opts, &c->e, c->why, sizeof(c->why)) != 0)
 		c->e = NULL;
-	c->ns = kvs_now_ns() - c->t0_ns;
+	c->ns = kvs_now_ns() - t0;
 }
 
 /* The engine exists (or will not): publish it, start the L1 prefault, and
  * let the registers that waited for it go, in their sessions' order. */
 static void cuda_ready(kvs_server *srv, kvs_cuda_engine *e)
 {
-	__atomic_store_n(&srv->cuda, e, __ATOMIC_RELEASE);
+	srv->cuda = e; /* before the prefault thread, which reads it, starts */
 	kvs_registry_set_cuda(srv->reg, e);
 	srv->cuda_pending = false;
 	if (srv->closing)
@@ -195,8 +195,7 @@ static void *prefault_main(void *arg)
 	for (uint64_t off = 0; off < size && !atomic_load(&srv->prefault_stop); off += slice) {
 		/* a register in the CUDA driver goes first (issue 18): populating
 		 * holds the mmap lock its mapping calls need */
-		while (kvs_cuda_pin_held(__atomic_load_n(&srv->cuda, __ATOMIC_ACQUIRE)) &&
-		       !atomic_load(&srv->prefault_stop))
+		while (kvs_cuda_pin_held(srv->cuda) && !atomic_load(&srv->prefault_stop))
 			usleep(200);
 		uint64_t n = size - off < slice ? size - off : slice;
 		if (madvise(base + off, n, MADV_POPULATE_WRITE) != 0)
@@ -783,12 +782,14 @@ int kvs_server_run(kvs_server *srv, int sigfd)
 		 * end (and the sockets) rather than sleeping until its host
 		 * function posts (kvs_cuda_poll); polls that find nothing are not
 		 * counted as busy */
-		uint32_t polled = 0;
-		uint64_t pt0 = kvs_now_ns();
-		if (kvs_cuda_poll(srv->cuda, &polled))
-			timeout = 0;
-		if (polled)
-			srv->busy_ns += kvs_now_ns() - pt0;
+		if (srv->cuda) {
+			uint32_t polled = 0;
+			uint64_t pt0 = kvs_now_ns();
+			if (kvs_cuda_poll(srv->cuda, &polled))
+				timeout = 0;
+			if (polled)
+				srv->busy_ns += kvs_now_ns() - pt0;
+		}
 		int pr = zmq_poll(items, n, timeout);
 		if (pr > 0)
 			KVS_TRACE(KVS_TP_SRV_WAKE, pr);

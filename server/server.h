@@ -189,7 +189,8 @@ struct kvs_server {
 	/* NULL without a GPU, and until the engine exists: it is created on the
 	 * setup thread after start-up (the driver's initialisation takes a
 	 * quarter of a second, which the socket must not wait for, issue 18);
-	 * set on the loop when done. The prefault thread reads it atomically. */
+	 * set on the loop when done, before the L1 prefault thread (which reads
+	 * it) is started; cleared only after that thread is joined. */
 	struct kvs_cuda_engine *cuda;
 	/* The engine is being created: a CUDA `register` arriving now waits
 	 * (held like the requests behind a pending register, engine_wait set)

@@ -75,7 +75,7 @@ struct list {
  * - bytes_used is the sum of len over objects in any state but FREE, and
  *   bytes_reserved over RESERVED ones; objects and objects_reserved count
  *   them; pages_used is the sum of npages over objects;
- * - free_pages + pages_used == npages; free_pages and nfree sum and count the
+ * - free_pages + pages_used + wh_pages == npages; free_pages and nfree sum and count the
  *   FREE extents; bit fl of fl_map is set iff sl_map[fl] != 0, and bit sl of
  *   sl_map[fl] iff bins[fl][sl] is not empty;
  * - every chunk head is on exactly one list: lru iff its nbusy is 0, ordered

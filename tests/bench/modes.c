@@ -227,7 +227,6 @@ static void copy_child(const kvt_server *s, const copy_cfg *cc, uint32_t rank, i
 	rank_ctx r;
 	rank_out out = {0};
 	out.rc = rank_setup(s, "bench", rank, cc->ranks, cc->g, &r);
-	r.one_msg = cc->one_msg;
 	char b;
 	if (write(out_fd, &out.rc, sizeof(out.rc)) < 0 || read(go_fd, &b, 1) != 1)
 		_exit(1);
