@@ -37,13 +37,16 @@ void kvs__waiter_done(const kvs_result *res, void *arg)
 		*w->admin_out = *res->admin;
 	if (w->tiers_out && res->tiers)
 		memcpy(w->tiers_out, res->tiers, res->hits < w->tiers_cap ? res->hits : w->tiers_cap);
+	/* a failed request has no arrays (NULL, count 0): memcpy must not see NULL */
 	if (w->jobs_out) {
 		w->n_out = res->n_jobs < w->cap ? res->n_jobs : w->cap;
-		memcpy(w->jobs_out, res->jobs, w->n_out * sizeof(*w->jobs_out));
+		if (w->n_out)
+			memcpy(w->jobs_out, res->jobs, w->n_out * sizeof(*w->jobs_out));
 	}
 	if (w->stats_out) {
 		w->n_out = res->n_stats < w->cap ? res->n_stats : w->cap;
-		memcpy(w->stats_out, res->stats, w->n_out * sizeof(*w->stats_out));
+		if (w->n_out)
+			memcpy(w->stats_out, res->stats, w->n_out * sizeof(*w->stats_out));
 	}
 	w->done = true;
 	pthread_cond_signal(&w->cv);
