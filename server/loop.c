@@ -90,7 +90,6 @@ void kvs_server_config_defaults(kvs_server_config *cfg)
 /* ---- the CUDA engine, made off the start path ----------------------------- */
 
 static void replay_held(kvs_server *srv, uint64_t id);
-static void *prefault_main(void *arg);
 static void l1_ceiling(kvs_server *srv);
 
 /* The engine's creation on the setup thread (issue 18): the driver's
@@ -124,19 +123,18 @@ static void cuda_make(kvs_workq_item *wi)
 	c->ns = kvs_now_ns() - t0;
 }
 
-/* The engine exists (or will not): publish it, start the L1 prefault, and
- * let the registers that waited for it go, in their sessions' order. */
+/* The engine exists (or will not): publish it (the L1 prefault waits for
+ * that), and let the registers that waited for it go, in their sessions'
+ * order. */
 static void cuda_ready(kvs_server *srv, kvs_cuda_engine *e)
 {
-	srv->cuda = e; /* before the prefault thread, which reads it, starts */
+	srv->cuda = e;
+	atomic_store(&srv->cuda_settled, true); /* the prefault thread goes on */
 	kvs_registry_set_cuda(srv->reg, e);
 	srv->cuda_pending = false;
 	if (srv->closing)
-		return; /* modules_fini destroys it; nothing starts or replays now */
+		return; /* modules_fini destroys it; nothing replays now */
 	l1_ceiling(srv);
-	if (srv->cfg.l1_prefault && !srv->prefault_started && !srv->stopping &&
-	    pthread_create(&srv->prefault, NULL, prefault_main, srv) == 0)
-		srv->prefault_started = true;
 	uint64_t ids[64];
 	for (;;) { /* replaying may open or close sessions: collect, then replay */
 		uint32_t n = 0;
@@ -192,6 +190,9 @@ static void *prefault_main(void *arg)
 	uint64_t size;
 	uint8_t *base = kvs_l1_arena(srv->l1, &size);
 	const uint64_t slice = 64ull << 20;
+	/* the CUDA engine's start first (cuda_ready): a millisecond without a GPU */
+	while (!atomic_load(&srv->cuda_settled) && !atomic_load(&srv->prefault_stop))
+		usleep(1000);
 	for (uint64_t off = 0; off < size && !atomic_load(&srv->prefault_stop); off += slice) {
 		/* a register in the CUDA driver goes first (issue 18): populating
 		 * holds the mmap lock its mapping calls need */
@@ -635,8 +636,12 @@ int kvs_server_create(const kvs_server_config *cfg, kvs_server **ret)
 			 cfg->kv_events_replay);
 	}
 	kvs__metrics_init(srv); /* never fails start-up: see metrics.h */
-	/* the L1 prefault starts once the CUDA engine exists or is known to be
-	 * absent (cuda_ready, on the loop: after the sockets are bound) */
+	/* the L1 prefault starts once the sockets are bound: populating the
+	 * arena holds the mmap lock that every thread and socket created during
+	 * start-up needs (issue 18: 150-230 ms before listening on the H200);
+	 * it waits for the CUDA engine's start too (prefault_main) */
+	if (srv->cfg.l1_prefault && pthread_create(&srv->prefault, NULL, prefault_main, srv) == 0)
+		srv->prefault_started = true;
 	*ret = srv;
 	return 0;
 

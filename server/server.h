@@ -189,8 +189,8 @@ struct kvs_server {
 	/* NULL without a GPU, and until the engine exists: it is created on the
 	 * setup thread after start-up (the driver's initialisation takes a
 	 * quarter of a second, which the socket must not wait for, issue 18);
-	 * set on the loop when done, before the L1 prefault thread (which reads
-	 * it) is started; cleared only after that thread is joined. */
+	 * set on the loop when done, then cuda_settled; the L1 prefault thread
+	 * reads it only after cuda_settled; cleared after that thread is joined. */
 	struct kvs_cuda_engine *cuda;
 	/* The engine is being created: a CUDA `register` arriving now waits
 	 * (held like the requests behind a pending register, engine_wait set)
@@ -205,6 +205,10 @@ struct kvs_server {
 	pthread_t prefault; /* faults the L1 arena in at start-up */
 	bool prefault_started;
 	atomic_bool prefault_stop;
+	/* set (release) once srv->cuda is final: the prefault thread, started
+	 * when the socket is bound, waits for it (the driver's start needs the
+	 * mmap lock that populating holds) */
+	atomic_bool cuda_settled;
 	atomic_uint_fast64_t prefaulted; /* bytes of the arena faulted in so far */
 	uint64_t busy_ns; /* main-loop time spent handling events (not waiting) */
 	char errbuf[256]; /* text of the error a handler is returning */
