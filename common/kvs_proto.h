@@ -52,6 +52,7 @@ typedef enum kvs_op {
 	KVS_OP_STATS,
 	KVS_OP_JOB_DONE, /* server push, id 0 */
 	KVS_OP_ADMIN,    /* operator commands: status, drain, resume, clear */
+	KVS_OP_LANE,     /* attach a job lane (protocol.md §18) */
 	KVS_OP_COUNT_
 } kvs_op;
 
@@ -168,6 +169,7 @@ typedef struct kvs_msg {
 	uint32_t n_jobs;
 	uint8_t admin_cmd; /* admin "cmd": enum kvs_admin_cmd (echoed in the reply) */
 	uint64_t wait_ms;  /* admin drain "timeout_ms": wait this long for open jobs */
+	uint8_t lane_token[KVS_TOKEN_BYTES]; /* lane: the broker token of the lane's socket */
 
 	/* replies */
 	uint64_t heartbeat_ms;

@@ -125,6 +125,7 @@ static const fdesc complete_rq[] = {
 static const fdesc job_status_rq[] = {
 	SESSION, OPTX("jobs", F_U64S, jobs, .off_n = M(n_jobs), .max = KVS_MAX_JOBS_QUERY),
 };
+static const fdesc lane_rq[] = {SESSION, REQ("token", F_BIN16, lane_token)};
 static const fdesc stats_rq[] = {OPT("session", F_U64, session)};
 static const fdesc admin_rq[] = {
 	SESSION,
@@ -190,6 +191,7 @@ const kvs_opdef kvs__proto_ops[KVS_OP_COUNT_] = {
 	[KVS_OP_STATS] = {"stats", SPEC(stats_rq), SPEC(stats_rp)},
 	[KVS_OP_JOB_DONE] = {"job_done", {NULL, 0}, SPEC(job_done_rp)},
 	[KVS_OP_ADMIN] = {"admin", SPEC(admin_rq), SPEC(admin_rp)},
+	[KVS_OP_LANE] = {"lane", SPEC(lane_rq), {NULL, 0}},
 };
 
 const char *kvs_op_name(kvs_op op)

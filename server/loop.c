@@ -33,6 +33,7 @@
 #include "copy_host.h"
 #include "copy_cuda.h"
 #include "jobs.h"
+#include "lane.h"
 #include "kvs_l1.h"
 #include "kvs_l2.h"
 #include "kvs_l3.h"
@@ -90,6 +91,7 @@ void kvs_server_config_defaults(kvs_server_config *cfg)
 /* ---- the CUDA engine, made off the start path ----------------------------- */
 
 static void replay_held(kvs_server *srv, uint64_t id);
+static void dispatch(kvs_server *srv, const uint8_t *ident, size_t ident_len, const void *buf, size_t len);
 static void l1_ceiling(kvs_server *srv);
 
 /* The engine's creation on the setup thread (issue 18): the driver's
@@ -300,6 +302,7 @@ static int modules_init(kvs_server *srv)
 		goto fail;
 	kvs_registry_set_setupq(srv->reg, srv->setupq);
 	srv->replay = replay_held;
+	srv->dispatch = dispatch;
 	if ((r = cuda_start(srv)) < 0)
 		goto fail;
 	if ((r = kvs_copy_pool_create(srv->cfg.copy_threads, srv->cq, &srv->pool)) < 0)
@@ -410,6 +413,7 @@ static const kvs_op_fn handlers[KVS_OP_COUNT_] = {
 	[KVS_OP_COMPLETE] = kvs__op_complete,
 	[KVS_OP_JOB_STATUS] = kvs__op_job_status,
 	[KVS_OP_ADMIN] = kvs__op_admin,
+	[KVS_OP_LANE] = kvs__op_lane,
 };
 
 /* replay: a request held behind its session's pending register, counted
@@ -578,7 +582,8 @@ int kvs_server_create(const kvs_server_config *cfg, kvs_server **ret)
 		goto err_sessions;
 	if ((r = kvs__routes_create(srv)) < 0)
 		goto err_parked;
-	if ((r = kvs__peers_create(srv)) < 0) {
+	if ((r = kvs__peers_create(srv)) < 0 || (r = kvs__lanes_create(srv)) < 0) {
+		kvs__peers_destroy(srv);
 		kvs__routes_destroy(srv);
 		goto err_parked;
 	}
@@ -658,6 +663,7 @@ err_broker:
 err_efd:
 	kvs_cq_destroy(srv->cq);
 err_routes:
+	kvs__lanes_destroy(srv);
 	kvs__peers_destroy(srv);
 	kvs__routes_destroy(srv);
 err_parked:
@@ -694,6 +700,7 @@ void kvs_server_destroy(kvs_server *srv)
 	if (srv->zctx)
 		zmq_ctx_term(srv->zctx);
 	kvs_cq_destroy(srv->cq);
+	kvs__lanes_destroy(srv);
 	kvs__peers_destroy(srv); /* the context is gone: ZeroMQ released every message */
 	kvs__routes_destroy(srv);
 	kvs_htab_destroy(srv->parked);
@@ -756,7 +763,10 @@ static void close_overflowed(kvs_server *srv)
 		kvs_warn("a peer stopped reading its replies (%llu bytes waiting, max-peer-queue %llu): its "
 			 "sessions are closed", (unsigned long long)queued, (unsigned long long)srv->cfg.max_peer_queue);
 		while ((s = kvs_htab_next(srv->sessions, &pos)) != NULL) {
-			if (s->ident_len != len || memcmp(s->ident, ident, len) != 0)
+			const void *sid = s->ident;
+			size_t slen = s->ident_len;
+			kvs__zmq_ident(&sid, &slen); /* a session that talks over its lane */
+			if (slen != len || memcmp(sid, ident, len) != 0)
 				continue;
 			kvs__session_close(srv, s, why);
 			pos = 0; /* the table changed */
@@ -767,8 +777,19 @@ static void close_overflowed(kvs_server *srv)
 int kvs_server_run(kvs_server *srv, int sigfd)
 {
 	uint64_t next_tick = 0;
-	zmq_pollitem_t items[6 + KVS_MAX_BROKER_CONNS];
+	zmq_pollitem_t *items = NULL;
+	int items_cap = 0;
 	while (!srv->stopping) {
+		int want = 6 + KVS_MAX_BROKER_CONNS + kvs__lanes_count(srv);
+		if (want > items_cap) {
+			zmq_pollitem_t *ni = realloc(items, (size_t)want * sizeof(*ni));
+			if (!ni) {
+				free(items);
+				return -ENOMEM;
+			}
+			items = ni;
+			items_cap = want;
+		}
 		int n = 0;
 		items[n++] = (zmq_pollitem_t){.socket = srv->router, .events = ZMQ_POLLIN};
 		items[n++] = (zmq_pollitem_t){.fd = srv->broker_fd, .events = ZMQ_POLLIN};
@@ -781,6 +802,8 @@ int kvs_server_run(kvs_server *srv, int sigfd)
 		int nfix = n;
 		for (int i = 0; i < srv->n_conns; i++)
 			items[n++] = (zmq_pollitem_t){.fd = srv->conns[i].fd, .events = ZMQ_POLLIN};
+		int nconn = n;
+		n += kvs__lanes_items(srv, items + n, items_cap - n);
 		srv->now_ms = kvs_now_ms();
 		long timeout = next_tick > srv->now_ms ? (long)(next_tick - srv->now_ms) : 0;
 		/* a GPU copy queued moments ago is in flight: the loop polls its
@@ -799,8 +822,10 @@ int kvs_server_run(kvs_server *srv, int sigfd)
 		if (pr > 0)
 			KVS_TRACE(KVS_TP_SRV_WAKE, pr);
 		if (pr < 0 && errno != EINTR) {
-			kvs_err("poll failed: %s", zmq_strerror(errno));
-			return -errno;
+			int e = errno;
+			kvs_err("poll failed: %s", zmq_strerror(e));
+			free(items);
+			return -e;
 		}
 		srv->now_ms = kvs_now_ms();
 		/* an empty poll of a spinning loop is not work */
@@ -819,9 +844,10 @@ int kvs_server_run(kvs_server *srv, int sigfd)
 			}
 			if (items[0].revents & ZMQ_POLLIN)
 				router_ready(srv);
+			kvs__lanes_ready(srv, items + nconn, n - nconn);
 			close_overflowed(srv);
 			/* broker connections, newest first so removal keeps indices */
-			for (int i = n - 1; i >= nfix; i--)
+			for (int i = nconn - 1; i >= nfix; i--)
 				if (items[i].revents & (ZMQ_POLLIN | ZMQ_POLLERR))
 					kvs__broker_conn_ready(srv, i - nfix);
 			if (items[1].revents & ZMQ_POLLIN)
@@ -838,5 +864,6 @@ int kvs_server_run(kvs_server *srv, int sigfd)
 		if (!idle)
 			srv->busy_ns += thread_cpu_ns() - busy0;
 	}
+	free(items);
 	return 0;
 }

@@ -14,6 +14,7 @@
 #define KVS_LOG_COMPONENT "server"
 #include "kvs_log.h"
 #include "keys.h"
+#include "lane.h"
 #include "reply.h"
 
 int kvs__fail(kvs_server *srv, int code, const char *fmt, ...)
@@ -97,6 +98,13 @@ static kvs_peer *peer_of(kvs_server *srv, const void *ident, size_t ident_len)
 static void send_frames(kvs_server *srv, const void *ident, size_t ident_len, void *buf, size_t len)
 {
 	struct kvs_peers *P = srv->peers;
+	if (kvs__is_lane_ident(ident, ident_len)) {
+		/* a lane writes it now or never: what it cannot take goes to the
+		 * lane's ZeroMQ routing id (lane.h) */
+		if (kvs__lane_send(srv, ident, ident_len, buf, len))
+			return;
+		kvs__zmq_ident(&ident, &ident_len);
+	}
 	/* the encoder's buffer grows by doubling from 8 KiB: a 100-byte reply
 	 * would hold 8 KiB while it waits */
 	void *fit = realloc(buf, len ? len : 1);

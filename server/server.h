@@ -102,6 +102,7 @@ typedef struct kvs_session {
 	struct kvs_held *held_head, *held_tail; /* FIFO of held requests */
 	uint32_t n_held;
 	uint64_t held_bytes;
+	uint64_t lane_id; /* its job lane (lane.c), 0: none */
 } kvs_session;
 
 /* A request held while its session's `register` is pending: the raw
@@ -166,11 +167,16 @@ struct kvs_server {
 	/* run when a session's register was answered: handles the requests held
 	 * behind it (loop.c sets it; the registry calls it) */
 	void (*replay)(kvs_server *srv, uint64_t session);
+	/* decodes and handles one request from ident (a ZeroMQ routing id or a
+	 * lane ident, lane.h); srv->peer says who sent it (loop.c sets it; the
+	 * lanes call it) */
+	void (*dispatch)(kvs_server *srv, const uint8_t *ident, size_t ident_len, const void *buf, size_t len);
 	bool stopping;
 
 	kvs_htab *sessions; /* kvs_session by id */
 	kvs_htab *schedulers; /* scheduler sessions by engine digest (reply.c) */
 	struct kvs_peers *peers; /* bytes waiting for each peer (reply.c) */
+	struct kvs_lanes *lanes; /* job lanes (lane.c) */
 	struct kvs_auth *auth;   /* CURVE, ZAP, who may run admin (auth.c) */
 	int peer;                /* enum kvs_peer_kind of the request being handled */
 	kvs_htab *parked;   /* kvs_parked by token */

@@ -10,6 +10,7 @@
 #include "kvs_log.h"
 #include "jobs.h"
 #include "registry.h"
+#include "lane.h"
 #include "reply.h"
 #include "session.h"
 
@@ -30,6 +31,7 @@ static void held_free(kvs_session *s)
 static void session_gone(kvs_server *srv, kvs_session *s)
 {
 	held_free(s); /* held requests of a session that ended get no reply (8.2) */
+	kvs__lane_session_gone(srv, s);
 	kvs__route_scheduler_del(srv, s);
 	if (srv->jobs) {
 		kvs_jobs_session_gone(srv, s);
@@ -152,5 +154,21 @@ int kvs__session_hold(kvs_server *srv, kvs_session *s, const uint8_t *ident, siz
 	s->held_tail = h;
 	s->n_held++;
 	s->held_bytes += len;
+	return 0;
+}
+
+int kvs__op_lane(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
+{
+	kvs_parked *p = kvs__broker_claim(srv, rq->lane_token);
+	if (!p)
+		return kvs__fail(srv, KVS_E_AUTH, "token: unknown, expired or already used");
+	int fd = p->fd;
+	free(p);
+	const char *why;
+	int r = kvs__lane_attach(srv, s, fd, &why);
+	if (r)
+		return kvs__fail(srv, r, "%s", why);
+	kvs_msg rep = {.op = KVS_OP_LANE, .id = rq->id, .ok = true};
+	kvs__reply(srv, s->ident, s->ident_len, &rep);
 	return 0;
 }

@@ -4,6 +4,7 @@
 #include <stdio.h>
 
 #include "kvs_log.h"
+#include "lane.h"
 
 #include "auth.h"
 #include "copy_host.h"
@@ -156,6 +157,14 @@ uint32_t kvs__stats_collect(kvs_server *srv, kvs_counter *c, char (*names)[32])
 	C("draining", srv->draining);
 	C("reply_bytes_queued", kvs__peers_queued(srv));
 	C("peers_cut_off", kvs__peers_closed(srv));
+	kvs_lane_stats lst;
+	kvs__lanes_stats(srv, &lst);
+	C("lanes_open", lst.open);
+	C("lanes_attached", lst.attached);
+	C("lanes_closed_bad", lst.closed_bad);
+	C("lane_requests", lst.requests);
+	C("lane_replies", lst.replies);
+	C("lane_replies_diverted", lst.diverted);
 	C("auth_refused", kvs_auth_refused(srv->auth));
 	C("metrics_port", srv->metrics_port);
 	kvs_cuda_stats cs = {0};

@@ -154,6 +154,8 @@ int kvs_client_open(const kvs_client_config *cfg, kvs_client **ret)
 	atomic_init(&c->closing, false);
 	c->next_handle = 1;
 	kvs__broker_init(&c->broker);
+	const char *lane = getenv("KVS_LANE");
+	kvs__lane_init(c, strncmp(c->endpoint, "ipc://", 6) == 0 && !(lane && strcmp(lane, "0") == 0));
 	pthread_mutex_init(&c->mu, NULL);
 	pthread_mutex_init(&c->reg_mu, NULL);
 	pthread_cond_init(&c->job_cv, NULL);
@@ -207,6 +209,7 @@ int kvs_client_open(const kvs_client_config *cfg, kvs_client **ret)
 		kvs_client_close(c);
 		return r;
 	}
+	kvs__lane_wait_open(c);
 	*ret = c;
 	return 0;
 
@@ -246,6 +249,7 @@ void kvs_client_close(kvs_client *c)
 	zmq_ctx_term(c->zctx);
 	kvs_htab_destroy(c->pending);
 	close(c->efd);
+	kvs__lane_free(c);
 	kvs__regs_free(c);
 	pthread_cond_destroy(&c->job_cv);
 	pthread_mutex_destroy(&c->reg_mu);

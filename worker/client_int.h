@@ -92,6 +92,33 @@ typedef struct kvs__bconn {
 	kvs__req *head, *tail; /* requests whose pushes run, FIFO; the head's is in flight */
 } kvs__bconn;
 
+/* The session's job lane (client_lane.c, protocol.md §18). */
+enum kvs__lane_state {
+	KVS__LANE_OFF,
+	KVS__LANE_ATTACHING, /* the `lane` request is out: application requests are held */
+	KVS__LANE_UP,
+};
+
+typedef struct kvs__lane {
+	bool enabled; /* immutable after open: an ipc endpoint and KVS_LANE is not 0 */
+	/* guarded by mu (application threads write to the lane) */
+	int fd;       /* -1: none; closed by the I/O thread only */
+	bool direct;  /* up, no restore, nothing held: application threads may write */
+	bool broken;  /* a write failed: the I/O thread closes it */
+	uint8_t *out; /* [out_off, out_len) of a frame (or more) the socket would not take yet */
+	size_t out_off, out_len, out_cap;
+	kvs__req *sent_head, *sent_tail; /* written by application threads, not in pending yet */
+	atomic_int n_sent;               /* sent_head != NULL (read without mu as a hint) */
+	bool opening; /* the attach after the first hello runs: kvs_client_open waits (job_cv) */
+	uint64_t frames_out, direct_writes;
+	/* I/O thread only */
+	int state;  /* enum kvs__lane_state */
+	int new_fd; /* our end while attaching, else -1 */
+	uint8_t *in; /* received bytes not handled yet */
+	size_t in_len, in_cap;
+	uint64_t frames_in;
+} kvs__lane;
+
 /* The client's own counters, appended to kvs_stats() results (I/O thread). */
 typedef struct kvs__cstats {
 	uint64_t heartbeats;      /* heartbeats sent */
@@ -149,6 +176,7 @@ struct kvs_client {
 	bool exiting; /* the loop ended: whatever is routed now fails with -ECANCELED */
 	kvs__bconn broker;
 	kvs__cstats cst;
+	kvs__lane lane;
 };
 
 /* A blocking call's rendezvous with the I/O thread (client.c). */
@@ -187,6 +215,40 @@ void kvs__send(kvs_client *c, kvs__req *r);
 void *kvs__io_main(void *arg);
 /* I/O thread: one registration of a restore ended with code. */
 void kvs__restore_step_done(kvs_client *c, int code);
+
+/* I/O thread: one message from the server (DEALER or lane). */
+void kvs__handle_reply(kvs_client *c, const void *data, size_t len);
+/* I/O thread: routes the requests held during a restore or a lane attach. */
+void kvs__release_held(kvs_client *c);
+
+/* ---- the job lane (client_lane.c) ---- */
+
+void kvs__lane_init(kvs_client *c, bool enabled);
+/* kvs__req_submit, mu held: writes r on the lane if application threads may.
+ * 0: not taken (queue it); 1: written (r belongs to the sent list); 2: the
+ * same, and bytes wait for room (wake the I/O thread); or an error. */
+int kvs__lane_direct(kvs_client *c, kvs__req *r);
+/* I/O thread (kvs__send, r already in pending): writes r on the lane if it
+ * is up. false: send it over ZeroMQ. true: written, or failed and finished. */
+bool kvs__lane_send(kvs_client *c, kvs__req *r);
+/* I/O thread: moves the sent list into pending; true if it held any. */
+bool kvs__lane_adopt(kvs_client *c);
+/* I/O thread: starts attaching a lane to the current session (after a
+ * hello, or as a restore step when restore). true if the request is out. */
+bool kvs__lane_start(kvs_client *c, bool restore);
+/* I/O thread: closes an up lane (why for the log). */
+void kvs__lane_close(kvs_client *c, const char *why);
+/* I/O thread: recomputes `direct` after the state, a restore or the held
+ * list changed. */
+void kvs__lane_update(kvs_client *c);
+/* I/O thread: poll events for the lane fd (0: do not poll it), and the work
+ * on its poll results. */
+short kvs__lane_events(kvs_client *c);
+void kvs__lane_run(kvs_client *c, short revents);
+/* kvs_client_open: waits until the attach after the first hello ended. */
+void kvs__lane_wait_open(kvs_client *c);
+/* kvs_client_close, after the I/O thread ended. */
+void kvs__lane_free(kvs_client *c);
 
 /* ---- completions (client_result.c) ---- */
 

@@ -68,6 +68,18 @@ int kvs__req_submit(kvs_client *c, kvs__req *r)
 		return -ECANCELED;
 	}
 	r->next = NULL;
+	if (!c->q_head) {
+		/* the lane: written from this thread, nothing to hand over */
+		int d = kvs__lane_direct(c, r);
+		if (d != 0) {
+			pthread_mutex_unlock(&c->mu);
+			if (d < 0)
+				kvs__req_free(r);
+			else if (d == 2)
+				kvs__wake(c);
+			return d < 0 ? d : 0;
+		}
+	}
 	if (c->q_tail)
 		c->q_tail->next = r;
 	else
@@ -100,6 +112,8 @@ void kvs__send(kvs_client *c, kvs__req *r)
 	r->next = NULL;
 	if (kvs_htab_put(c->pending, r) < 0) {
 		kvs__finish(c, r, NULL, -ENOMEM);
+	} else if (kvs__lane_send(c, r)) {
+		/* written on the lane (or failed there and finished) */
 	} else if (zmq_send(c->dealer, r->buf, r->len, ZMQ_DONTWAIT) < 0) {
 		int e = errno;
 		kvs_htab_del(c->pending, &r->id);
@@ -128,8 +142,8 @@ static void route(kvs_client *c, kvs__req *r)
 {
 	if (c->exiting)
 		kvs__finish(c, r, NULL, -ECANCELED);
-	else if (c->reopen == KVS__REOPEN_RESTORE && !r->internal)
-		hold(c, r);
+	else if ((c->reopen == KVS__REOPEN_RESTORE || c->lane.state == KVS__LANE_ATTACHING) && !r->internal)
+		hold(c, r); /* the lane's attach: the switch of paths must not reorder */
 	else if (r->push)
 		kvs__broker_add(c, r);
 	else
@@ -149,7 +163,7 @@ static void drain_queue(kvs_client *c)
 	}
 }
 
-static void release_held(kvs_client *c)
+void kvs__release_held(kvs_client *c)
 {
 	kvs__req *r = c->held_head;
 	c->held_head = c->held_tail = NULL;
@@ -182,7 +196,8 @@ void kvs__restore_step_done(kvs_client *c, int code)
 		 c->restore_err ? kvs_strerror(c->restore_err) : "registrations restored");
 	kvs_event ev = {.type = KVS_EVENT_RECONNECTED, .error = c->restore_err};
 	emit(c, &ev);
-	release_held(c);
+	kvs__release_held(c);
+	kvs__lane_update(c);
 }
 
 static void on_rehello(kvs_client *c, kvs__req *r, const kvs_msg *rep, int code)
@@ -206,6 +221,8 @@ static void on_rehello(kvs_client *c, kvs__req *r, const kvs_msg *rep, int code)
 	c->restore_left = 1; /* held until every register is queued */
 	c->restore_err = 0;
 	kvs__restore(c);
+	if (kvs__lane_start(c, true)) /* after the registers: the broker queue is FIFO */
+		c->restore_left++;
 	kvs__restore_step_done(c, 0);
 }
 
@@ -215,7 +232,9 @@ static void start_reopen(kvs_client *c, const char *why)
 	if (c->reopen != KVS__REOPEN_NONE || atomic_load(&c->closing))
 		return;
 	kvs_info("server %s: re-opening session", why);
+	kvs__lane_close(c, "the session is re-opened");
 	c->reopen = KVS__REOPEN_HELLO;
+	kvs__lane_update(c);
 	kvs_msg m = {.op = KVS_OP_HELLO, .engine = kvs_str_c(c->engine), .role = (uint8_t)c->role,
 		     .rank = c->rank, .world = c->world, .ns = kvs_str_c(c->ns)};
 	if (kvs__submit(c, &m, 0, NULL, NULL, on_rehello, NULL) != 0)
@@ -248,7 +267,7 @@ void kvs__job_done_push(kvs_client *c, const kvs_msg *rep)
 	emit(c, &ev);
 }
 
-static void handle_reply(kvs_client *c, const void *data, size_t len)
+void kvs__handle_reply(kvs_client *c, const void *data, size_t len)
 {
 	kvs_msg rep;
 	kvs_proto_err perr;
@@ -269,7 +288,10 @@ static void handle_reply(kvs_client *c, const void *data, size_t len)
 		KVS_TRACE(KVS_TP_IO_JOB_DONE, 0);
 	} else {
 		kvs__req *q = kvs_htab_del(c->pending, &rep.id);
+		if (!q && kvs__lane_adopt(c)) /* written on the lane since we last looked */
+			q = kvs_htab_del(c->pending, &rep.id);
 		if (q) {
+			bool first_hello = false;
 			KVS_TRACE(KVS_TP_IO_RECV, q->op);
 			if (q->op == KVS_OP_HELLO && rep.ok && !c->have_epoch) {
 				memcpy(c->epoch, rep.epoch, KVS_EPOCH_BYTES);
@@ -278,10 +300,13 @@ static void handle_reply(kvs_client *c, const void *data, size_t len)
 				c->hb_ms = rep.heartbeat_ms ? rep.heartbeat_ms : 1000;
 				atomic_store(&c->session, rep.session);
 				c->next_hb_ms = kvs_now_ms(); /* heartbeats start right away */
+				first_hello = true;
 			}
 			int code = rep.ok ? 0 : rep.code;
 			if (new_epoch && !q->internal && code == 0)
 				code = KVS_E_SESSION; /* answered by a server that forgot us */
+			if (first_hello && code == 0)
+				kvs__lane_start(c, false); /* before kvs_client_open learns of the hello */
 			kvs__finish(c, q, &rep, code);
 		}
 	}
@@ -302,7 +327,7 @@ static void receive(kvs_client *c)
 			break;
 		}
 		if (!zmq_msg_more(&m))
-			handle_reply(c, zmq_msg_data(&m), zmq_msg_size(&m));
+			kvs__handle_reply(c, zmq_msg_data(&m), zmq_msg_size(&m));
 		else
 			while (zmq_msg_more(&m) && zmq_msg_recv(&m, c->dealer, 0) >= 0)
 				; /* multi-frame replies are not ours: drop */
@@ -390,6 +415,7 @@ static long poll_timeout(kvs_client *c, uint64_t now)
 static void fail_all(kvs_client *c)
 {
 	c->exiting = true;
+	kvs__lane_adopt(c);
 	for (;;) {
 		kvs__broker_cancel(c, -ECANCELED);
 		kvs__req *r = c->held_head;
@@ -418,12 +444,15 @@ void *kvs__io_main(void *arg)
 		pthread_mutex_unlock(&c->mu);
 		if (stop)
 			break;
-		zmq_pollitem_t it[3] = {{.socket = c->dealer, .events = ZMQ_POLLIN},
+		zmq_pollitem_t it[4] = {{.socket = c->dealer, .events = ZMQ_POLLIN},
 					{.fd = c->efd, .events = ZMQ_POLLIN}};
-		int n = 2;
+		int n = 2, bi = -1, li = -1;
 		short bev = kvs__broker_events(c);
 		if (bev)
-			it[n++] = (zmq_pollitem_t){.fd = c->broker.fd, .events = bev};
+			it[bi = n++] = (zmq_pollitem_t){.fd = c->broker.fd, .events = bev};
+		short lev = kvs__lane_events(c);
+		if (lev)
+			it[li = n++] = (zmq_pollitem_t){.fd = c->lane.fd, .events = lev};
 		long to = poll_timeout(c, kvs_now_ms());
 		if (c->busy_poll_ns && kvs_now_ns() - c->last_io_ns < c->busy_poll_ns)
 			to = 0; /* busy poll (KVS_BUSY_POLL_US) */
@@ -435,10 +464,13 @@ void *kvs__io_main(void *arg)
 			(void)rd;
 		}
 		drain_queue(c);
+		kvs__lane_adopt(c);
 		receive(c);
+		if (li >= 0)
+			kvs__lane_run(c, it[li].revents);
 		drain_queue(c); /* internal requests queued by handlers */
 		uint64_t now = kvs_now_ms();
-		kvs__broker_run(c, now, bev ? it[2].revents : 0);
+		kvs__broker_run(c, now, bi >= 0 ? it[bi].revents : 0);
 		now = kvs_now_ms();
 		expire(c, now);
 		heartbeat(c, now);

@@ -9,7 +9,7 @@
 #include "client_int.h"
 
 /* The client's own counters, after the server's in a `stats` result. */
-#define CLIENT_STATS 4
+#define CLIENT_STATS 8
 
 static uint32_t client_stats(const kvs_client *c, kvs_stat_out *out)
 {
@@ -21,6 +21,10 @@ static uint32_t client_stats(const kvs_client *c, kvs_stat_out *out)
 		{"client_heartbeat_delay_max_us", c->cst.hb_delay_max_us},
 		{"client_broker_records", c->cst.broker_records},
 		{"client_broker_fds", c->cst.broker_fds},
+		{"client_lane_up", c->lane.state == KVS__LANE_UP},
+		{"client_lane_frames_out", c->lane.frames_out},
+		{"client_lane_direct", c->lane.direct_writes},
+		{"client_lane_frames_in", c->lane.frames_in},
 	};
 	for (uint32_t i = 0; i < CLIENT_STATS; i++) {
 		snprintf(out[i].name, sizeof(out[i].name), "%s", st[i].name);

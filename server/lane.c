@@ -1,0 +1,417 @@
+/* Job lanes: see lane.h and protocol.md §18. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#define KVS_LOG_COMPONENT "lane"
+#include "kvs_log.h"
+#include "lane.h"
+
+/* A lane ident: LANE_MAGIC, the lane's number (u64, little-endian), then the
+ * ZeroMQ routing id of the `lane` request. ZeroMQ's own routing ids never
+ * start with a zero byte followed by 'L' (the ones it makes are 5 bytes,
+ * 0x00 then a counter, and it refuses application ids starting with 0x00
+ * ... but a 5-byte id cannot be 11+ bytes long, which is what tells them
+ * apart: a lane ident is at least LANE_HDR + 1 bytes and starts 0x00 'L' 'N'). */
+static const uint8_t LANE_MAGIC[3] = {0x00, 'L', 'N'};
+#define LANE_HDR 11
+#define IN_START (64u << 10)  /* read buffer of a lane, grown for larger frames */
+#define READ_BUDGET (1u << 20) /* bytes read from one lane per loop iteration */
+
+/* One lane. Invariants: fd >= 0 while open; a dead lane (closed fd) is only
+ * waiting for the sweep at the end of the loop step that killed it, because
+ * the read loop may still be walking its buffer. out holds at most one
+ * message (the one a full socket cut short); the session's lane_id names
+ * this lane while both are alive. */
+typedef struct kvs_lane {
+	uint64_t id; /* key */
+	uint64_t session;
+	int fd;
+	bool dead;
+	int peer;        /* kvs_peer_kind of the `lane` request: the lane's requests' */
+	uint8_t ident[KVS_MAX_IDENT]; /* its lane ident */
+	size_t ident_len;
+	uint8_t *in;     /* received bytes not yet handled: [0, in_len) of in_cap */
+	size_t in_len, in_cap;
+	uint8_t hdr[4];  /* the length prefix of out */
+	void *out;       /* the message being written, or NULL */
+	size_t out_len, out_off; /* out_off counts the 4 prefix bytes too */
+} kvs_lane;
+
+struct kvs_lanes {
+	kvs_htab *by_id;
+	kvs_lane **list; /* open and dead lanes, in no order */
+	int n, cap;
+	uint64_t next_id;
+	kvs_lane_stats st;
+};
+
+bool kvs__is_lane_ident(const void *ident, size_t ident_len)
+{
+	return ident_len > LANE_HDR && memcmp(ident, LANE_MAGIC, sizeof(LANE_MAGIC)) == 0;
+}
+
+void kvs__zmq_ident(const void **ident, size_t *ident_len)
+{
+	if (kvs__is_lane_ident(*ident, *ident_len)) {
+		*ident = (const uint8_t *)*ident + LANE_HDR;
+		*ident_len -= LANE_HDR;
+	}
+}
+
+static uint64_t ident_lane_id(const uint8_t *ident)
+{
+	uint64_t id = 0;
+	for (int i = 0; i < 8; i++)
+		id |= (uint64_t)ident[3 + i] << (8 * i);
+	return id;
+}
+
+int kvs__lanes_create(kvs_server *srv)
+{
+	struct kvs_lanes *L = calloc(1, sizeof(*L));
+	if (!L)
+		return -ENOMEM;
+	int r = kvs_htab_create(sizeof(uint64_t), offsetof(kvs_lane, id), &L->by_id);
+	if (r) {
+		free(L);
+		return r;
+	}
+	L->next_id = 1;
+	srv->lanes = L;
+	return 0;
+}
+
+static void lane_free(kvs_lane *l)
+{
+	if (l->fd >= 0)
+		close(l->fd);
+	free(l->in);
+	free(l->out);
+	free(l);
+}
+
+void kvs__lanes_destroy(kvs_server *srv)
+{
+	struct kvs_lanes *L = srv->lanes;
+	if (!L)
+		return;
+	for (int i = 0; i < L->n; i++)
+		lane_free(L->list[i]);
+	free(L->list);
+	kvs_htab_destroy(L->by_id);
+	free(L);
+	srv->lanes = NULL;
+}
+
+/* Closes l now; its memory goes at the next sweep. */
+static void lane_kill(kvs_server *srv, kvs_lane *l, const char *why)
+{
+	if (l->dead)
+		return;
+	kvs_dbg("lane %llu of session %016llx closed (%s)", (unsigned long long)l->id,
+		(unsigned long long)l->session, why);
+	l->dead = true;
+	close(l->fd);
+	l->fd = -1;
+	kvs_htab_del(srv->lanes->by_id, &l->id);
+	srv->lanes->st.open--;
+	kvs_session *s = kvs__session_get(srv, l->session);
+	if (s && s->lane_id == l->id)
+		s->lane_id = 0;
+}
+
+static void sweep(struct kvs_lanes *L)
+{
+	for (int i = 0; i < L->n;) {
+		if (!L->list[i]->dead) {
+			i++;
+			continue;
+		}
+		lane_free(L->list[i]);
+		L->list[i] = L->list[--L->n];
+	}
+}
+
+void kvs__lane_session_gone(kvs_server *srv, kvs_session *s)
+{
+	if (!s->lane_id || !srv->lanes)
+		return;
+	kvs_lane *l = kvs_htab_get(srv->lanes->by_id, &s->lane_id);
+	if (l)
+		lane_kill(srv, l, "session closed");
+	s->lane_id = 0;
+}
+
+/* The fd must be one end of an AF_UNIX stream socket: anything else would
+ * let a client make the loop read from a file or a pipe it writes slowly. */
+static const char *check_socket(int fd)
+{
+	struct stat st;
+	int type = 0, domain = 0;
+	socklen_t tl = sizeof(type), dl = sizeof(domain);
+	if (fstat(fd, &st) < 0 || !S_ISSOCK(st.st_mode))
+		return "token: the parked fd is not a socket";
+	if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &tl) < 0 || type != SOCK_STREAM ||
+	    getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &domain, &dl) < 0 || domain != AF_UNIX)
+		return "token: the parked fd is not an AF_UNIX stream socket";
+	return NULL;
+}
+
+int kvs__lane_attach(kvs_server *srv, kvs_session *s, int fd, const char **why)
+{
+	struct kvs_lanes *L = srv->lanes;
+	int code = KVS_E_INTERNAL;
+	kvs_lane *l = NULL;
+	*why = "out of memory";
+	/* the request's own ident is the session's latest (dispatch set it) */
+	if (kvs__is_lane_ident(s->ident, s->ident_len)) {
+		*why = "a lane is attached over ZeroMQ, not over a lane";
+		code = KVS_E_BADMSG;
+		goto fail;
+	}
+	if (s->ident_len + LANE_HDR > KVS_MAX_IDENT) {
+		*why = "routing id too long for a lane";
+		code = KVS_E_LIMIT;
+		goto fail;
+	}
+	if ((*why = check_socket(fd)) != NULL) {
+		code = KVS_E_BADMSG;
+		goto fail;
+	}
+	*why = "out of memory";
+	if (L->n == L->cap) {
+		int cap = L->cap ? 2 * L->cap : 16;
+		kvs_lane **nl = realloc(L->list, (size_t)cap * sizeof(*nl));
+		if (!nl)
+			goto fail;
+		L->list = nl, L->cap = cap;
+	}
+	if (!(l = calloc(1, sizeof(*l))))
+		goto fail;
+	l->id = L->next_id++;
+	l->session = s->id;
+	l->fd = fd;
+	l->peer = srv->peer;
+	memcpy(l->ident, LANE_MAGIC, sizeof(LANE_MAGIC));
+	for (int i = 0; i < 8; i++)
+		l->ident[3 + i] = (uint8_t)(l->id >> (8 * i));
+	memcpy(l->ident + LANE_HDR, s->ident, s->ident_len);
+	l->ident_len = LANE_HDR + s->ident_len;
+	if (kvs_htab_put(L->by_id, l) < 0) {
+		free(l);
+		goto fail;
+	}
+	L->list[L->n++] = l;
+	L->st.open++;
+	L->st.attached++;
+	/* a session has one lane: a new one replaces the old */
+	if (s->lane_id) {
+		kvs_lane *old = kvs_htab_get(L->by_id, &s->lane_id);
+		if (old)
+			lane_kill(srv, old, "replaced by a new lane");
+	}
+	s->lane_id = l->id;
+	return 0;
+fail:
+	close(fd);
+	return code;
+}
+
+/* ---- reading ------------------------------------------------------------------ */
+
+static uint32_t rd32(const uint8_t *p)
+{
+	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+/* Handles the whole frames at the front of l->in; false if the lane died
+ * (a bad frame, or a request that closed its session). */
+static bool handle_frames(kvs_server *srv, kvs_lane *l)
+{
+	size_t pos = 0;
+	bool alive = true;
+	while (l->in_len - pos >= 4) {
+		uint32_t n = rd32(l->in + pos);
+		if (n == 0 || n > KVS_LANE_MAX_FRAME) {
+			kvs_warn("lane of session %016llx: frame length %u is outside 1..%u: lane closed",
+				 (unsigned long long)l->session, n, (unsigned)KVS_LANE_MAX_FRAME);
+			srv->lanes->st.closed_bad++;
+			lane_kill(srv, l, "bad frame");
+			return false;
+		}
+		if (l->in_len - pos - 4 < n) {
+			if (n + 4u > l->in_cap) { /* room for the whole frame */
+				uint8_t *b = malloc(n + 4u);
+				if (!b) {
+					lane_kill(srv, l, "out of memory");
+					return false;
+				}
+				memcpy(b, l->in + pos, l->in_len - pos);
+				free(l->in);
+				l->in = b;
+				l->in_cap = n + 4u;
+				l->in_len -= pos;
+				pos = 0;
+			}
+			break;
+		}
+		srv->lanes->st.requests++;
+		srv->peer = l->peer;
+		srv->dispatch(srv, l->ident, l->ident_len, l->in + pos + 4, n);
+		pos += 4 + (size_t)n;
+		if (l->dead) { /* the request closed its session (bye) */
+			alive = false;
+			break;
+		}
+	}
+	if (alive && pos) {
+		memmove(l->in, l->in + pos, l->in_len - pos);
+		l->in_len -= pos;
+	}
+	if (alive && l->in_len == 0 && l->in_cap > IN_START) { /* a large frame is done */
+		uint8_t *b = malloc(IN_START);
+		if (b) {
+			free(l->in);
+			l->in = b;
+			l->in_cap = IN_START;
+		}
+	}
+	return alive;
+}
+
+static void lane_read(kvs_server *srv, kvs_lane *l)
+{
+	if (!l->in) {
+		if (!(l->in = malloc(IN_START))) {
+			lane_kill(srv, l, "out of memory");
+			return;
+		}
+		l->in_cap = IN_START;
+	}
+	for (size_t got = 0; got < READ_BUDGET;) {
+		size_t space = l->in_cap - l->in_len;
+		ssize_t r = recv(l->fd, l->in + l->in_len, space, MSG_DONTWAIT);
+		if (r == 0) {
+			lane_kill(srv, l, "closed by the client");
+			return;
+		}
+		if (r < 0) {
+			if (errno == EINTR)
+				continue;
+			if (errno != EAGAIN && errno != EWOULDBLOCK) {
+				srv->lanes->st.closed_bad++;
+				lane_kill(srv, l, strerror(errno));
+			}
+			return;
+		}
+		got += (size_t)r;
+		l->in_len += (size_t)r;
+		if (!handle_frames(srv, l))
+			return;
+		if ((size_t)r < space)
+			return; /* drained (a short read) */
+	}
+}
+
+/* ---- writing ------------------------------------------------------------------ */
+
+/* Writes what is left of l->out. Returns true when it is all out. */
+static bool flush(kvs_server *srv, kvs_lane *l)
+{
+	while (l->out) {
+		struct iovec iov[2];
+		int n = 0;
+		if (l->out_off < 4)
+			iov[n++] = (struct iovec){l->hdr + l->out_off, 4 - l->out_off};
+		size_t boff = l->out_off < 4 ? 0 : l->out_off - 4;
+		iov[n++] = (struct iovec){(uint8_t *)l->out + boff, l->out_len - boff};
+		struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)n};
+		ssize_t w = sendmsg(l->fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
+		if (w < 0) {
+			if (errno == EINTR)
+				continue;
+			if (errno == EAGAIN || errno == EWOULDBLOCK)
+				return false;
+			lane_kill(srv, l, strerror(errno));
+			return false;
+		}
+		l->out_off += (size_t)w;
+		if (l->out_off == l->out_len + 4) {
+			free(l->out);
+			l->out = NULL;
+		}
+	}
+	return true;
+}
+
+bool kvs__lane_send(kvs_server *srv, const void *ident, size_t ident_len, void *buf, size_t len)
+{
+	(void)ident_len;
+	struct kvs_lanes *L = srv->lanes;
+	uint64_t id = ident_lane_id(ident);
+	if (!L)
+		return false;
+	kvs_lane *l = kvs_htab_get(L->by_id, &id);
+	if (!l || l->dead || l->out) {
+		L->st.diverted++;
+		return false;
+	}
+	l->hdr[0] = (uint8_t)len, l->hdr[1] = (uint8_t)(len >> 8);
+	l->hdr[2] = (uint8_t)(len >> 16), l->hdr[3] = (uint8_t)(len >> 24);
+	l->out = buf;
+	l->out_len = len;
+	l->out_off = 0;
+	flush(srv, l);
+	if (l->dead) { /* the write failed: lane_kill freed nothing, buf is still out */
+		l->out = NULL;
+		L->st.diverted++;
+		return false;
+	}
+	L->st.replies++;
+	return true;
+}
+
+/* ---- the loop ------------------------------------------------------------------ */
+
+int kvs__lanes_items(kvs_server *srv, zmq_pollitem_t *items, int cap)
+{
+	struct kvs_lanes *L = srv->lanes;
+	int n = 0;
+	sweep(L); /* items[i] is L->list[i] until kvs__lanes_ready */
+	for (int i = 0; i < L->n && n < cap; i++) {
+		kvs_lane *l = L->list[i];
+		items[n++] = (zmq_pollitem_t){.fd = l->fd, .events = (short)(ZMQ_POLLIN | (l->out ? ZMQ_POLLOUT : 0))};
+	}
+	return n;
+}
+
+void kvs__lanes_ready(kvs_server *srv, const zmq_pollitem_t *items, int n)
+{
+	struct kvs_lanes *L = srv->lanes;
+	/* items[i] is L->list[i]: nothing adds a lane or sweeps before the end */
+	for (int i = 0; i < n && i < L->n; i++) {
+		kvs_lane *l = L->list[i];
+		if (l->dead || l->fd != items[i].fd)
+			continue;
+		if (items[i].revents & ZMQ_POLLOUT)
+			flush(srv, l);
+		if (!l->dead && (items[i].revents & (ZMQ_POLLIN | ZMQ_POLLERR)))
+			lane_read(srv, l);
+	}
+	sweep(L);
+}
+
+int kvs__lanes_count(const kvs_server *srv) { return srv->lanes ? srv->lanes->n : 0; }
+
+void kvs__lanes_stats(const kvs_server *srv, kvs_lane_stats *out)
+{
+	if (srv->lanes)
+		*out = srv->lanes->st;
+	else
+		memset(out, 0, sizeof(*out));
+}

@@ -1,0 +1,67 @@
+/* Job lanes (lane.c, protocol.md §18): a session's second, local channel. A
+ * client passes one end of an AF_UNIX stream socket pair through the fd
+ * broker and claims it with `lane`; from then on the loop reads the
+ * session's requests from it directly (length-prefixed msgpack, the same
+ * messages as on ZeroMQ) and answers on it, so a job's messages skip
+ * ZeroMQ's I/O threads: two thread hand-offs per direction fewer.
+ *
+ * A lane is addressed like a ZeroMQ peer, by a routing id of its own (a
+ * "lane ident": a prefix no ZeroMQ routing id carries, the lane's number and
+ * the ZeroMQ routing id of the `lane` request). Requests read from a lane
+ * are dispatched with that ident, so sessions, held requests and deferred
+ * replies need no change; reply.c hands every message for a lane ident to
+ * kvs__lane_send, and what a lane cannot take (gone, or still writing an
+ * earlier message) goes to the embedded ZeroMQ routing id instead: replies
+ * may arrive out of order (§4).
+ *
+ * Main-loop thread only. */
+#ifndef KVS_LANE_H
+#define KVS_LANE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <zmq.h>
+
+#include "server.h"
+
+/* The frame limit: a length above it closes the lane (a message above the
+ * protocol's limit but below this is answered E_LIMIT, as on ZeroMQ). */
+#define KVS_LANE_MAX_FRAME (KVS_MAX_MSG_BYTES + 4096)
+
+int kvs__lanes_create(kvs_server *srv);
+/* Closes every lane (after the sessions are gone). */
+void kvs__lanes_destroy(kvs_server *srv);
+
+/* Makes fd (a claimed broker fd, now the lane's) s's lane; a lane s had is
+ * closed. 0, or a kvs error with *why, fd closed. */
+int kvs__lane_attach(kvs_server *srv, kvs_session *s, int fd, const char **why);
+/* The session is closing: its lane (if any) is closed. */
+void kvs__lane_session_gone(kvs_server *srv, kvs_session *s);
+
+/* Poll items of the open lanes, appended at items[0..]; returns how many (at
+ * most cap). kvs__lanes_ready takes the same items back after the poll. */
+int kvs__lanes_items(kvs_server *srv, zmq_pollitem_t *items, int cap);
+void kvs__lanes_ready(kvs_server *srv, const zmq_pollitem_t *items, int n);
+int kvs__lanes_count(const kvs_server *srv);
+
+/* True if ident is a lane ident. */
+bool kvs__is_lane_ident(const void *ident, size_t ident_len);
+/* The ZeroMQ routing id inside a lane ident (ident itself otherwise). */
+void kvs__zmq_ident(const void **ident, size_t *ident_len);
+/* reply.c: sends buf (len bytes, malloc'd) on the lane named by a lane
+ * ident. Returns true if the lane took it (buf is owned by the lane now),
+ * false when the caller must send it over ZeroMQ (buf still the caller's). */
+bool kvs__lane_send(kvs_server *srv, const void *ident, size_t ident_len, void *buf, size_t len);
+
+typedef struct kvs_lane_stats {
+	uint64_t open;      /* lanes open now */
+	uint64_t attached;  /* cum. lanes attached */
+	uint64_t closed_bad; /* cum. lanes closed for a bad frame or a read error */
+	uint64_t requests;  /* cum. requests read from lanes */
+	uint64_t replies;   /* cum. replies and pushes written to lanes */
+	uint64_t diverted;  /* cum. replies for a lane sent over ZeroMQ instead */
+} kvs_lane_stats;
+void kvs__lanes_stats(const kvs_server *srv, kvs_lane_stats *out);
+
+#endif
