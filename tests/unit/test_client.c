@@ -266,7 +266,7 @@ struct bg {
 	uint64_t u64;
 	uint8_t tiers[8];
 	kvs_job_info_out jobs[4];
-	kvs_stat_out stats[8];
+	kvs_stat_out stats[16];
 	uint32_t n;
 	kvs_admin_info admin;
 };
@@ -490,7 +490,7 @@ static int do_job_status(bg *b)
 	return kvs_job_status(b->c, ids, 2, 2000, b->jobs, 2, &b->n);
 }
 
-static int do_stats(bg *b) { return kvs_stats(b->c, 2000, b->stats, 8, &b->n); }
+static int do_stats(bg *b) { return kvs_stats(b->c, 2000, b->stats, 16, &b->n); }
 
 static int do_admin(bg *b) { return kvs_admin(b->c, KVS_ADMIN_DRAIN, 100, 2000, &b->admin); }
 
