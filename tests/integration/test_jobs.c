@@ -34,6 +34,13 @@ static void world_up(world *w, const char *ttl, const char *deadline, const char
 		ck_assert_int_eq(kvt_rank_start(&w->r[i], &w->s, "E", i, W), 0);
 }
 
+/* Every client has its job lane, unless KVS_LANE=0 (protocol.md §18). */
+static uint64_t lanes_expected(void)
+{
+	const char *l = getenv("KVS_LANE");
+	return l && strcmp(l, "0") == 0 ? 0 : W + 1;
+}
+
 static void world_down(world *w)
 {
 	for (uint32_t i = 0; i < W; i++)
@@ -101,6 +108,12 @@ START_TEST(store_lookup_retrieve_roundtrip)
 		ck_assert_int_eq(kvt_rank_do(&w.r[i], &v, &res), 0);
 		ck_assert_msg(res.value == 0, "rank %u: %llu bytes differ", i, (unsigned long long)res.value);
 	}
+	/* the requests went over the lanes (or, with KVS_LANE=0, none did) */
+	ck_assert_uint_eq(kvt_stat(w.sched, "lanes_open"), lanes_expected());
+	if (lanes_expected())
+		ck_assert_uint_gt(kvt_stat(w.sched, "lane_requests"), 4 * W);
+	else
+		ck_assert_uint_eq(kvt_stat(w.sched, "lane_requests"), 0);
 	/* retrieve with skip_tokens: the leading blocks stay untouched */
 	all_do(&w, (kvt_cmd){.op = KVT_RETRIEVE, .job = 3, .n_keys = 2, .first_key = 0, .dst_base = 48,
 			     .skip_tokens = 80}, 0, KVS_JOB_OPEN);
@@ -459,6 +472,8 @@ START_TEST(restart_reregisters)
 	}
 	ck_assert(KVT_WAIT(kvt_stat(w.sched, "registrations") == W, 5000));
 	ck_assert_uint_eq(kvt_stat(w.sched, "imports"), 2 * W);
+	/* the restored sessions attached new lanes */
+	ck_assert(KVT_WAIT(kvt_stat(w.sched, "lanes_open") == lanes_expected(), 5000));
 	/* L1 is DRAM: nothing survives until the L2 tier exists */
 	ck_assert_uint_eq(lookup(w.sched, 0, 2), 0);
 	all_do(&w, (kvt_cmd){.op = KVT_STORE, .job = 61, .n_keys = 2}, 0, 0);
