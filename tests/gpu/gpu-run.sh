@@ -18,6 +18,8 @@
 #                                 else "VAR=v,VAR2=w"): trace-report.md
 #   tests/gpu/gpu-run.sh remote-compare the GPU benchmark of BASE (build-base)
 #                                 and build back to back (carry both)
+#   tests/gpu/gpu-run.sh remote-ab    kvside-bench AB_MODES once per env in AB_ENVS
+#                                 (default: KVS_LANE=0, then none): gpu-ab.md
 #   tests/gpu/gpu-run.sh remote-bench the GPU benchmark alone (TAG names the
 #                                 output, env such as KVS_CUDA_STAGE_BYTES=0
 #                                 selects the engine's path)
@@ -153,6 +155,25 @@ remote-trace)
       rm -rf "$d"
     done
   done 2>&1 | tee "$out/trace-report.md"
+  exit $rc
+  ;;
+remote-ab)
+  # kvside-bench AB_MODES (default "gpu control") once per env setting in
+  # AB_ENVS ("-" none, else "VAR=v,VAR2=w"; default "KVS_LANE=0 -": ZeroMQ
+  # only, then the job lane), back to back on one machine: gpu-ab.md
+  export LD_LIBRARY_PATH=$PWD/.gpu-bundle/lib:${LD_LIBRARY_PATH:-}
+  export KVS_SERVER=$PWD/build/server/kvside-server
+  out=${OUT:-gpu-logs}
+  mkdir -p "$out"
+  rc=0
+  for e in ${AB_ENVS:-KVS_LANE=0 -}; do
+    envs=()
+    [ "$e" = "-" ] || IFS=, read -ra envs <<< "$e"
+    echo "## env: $e" | tee -a "$out/gpu-ab.md"
+    env "${envs[@]}" timeout "${AB_TIMEOUT:-240}" build/tests/bench/kvside-bench ${AB_MODES:-gpu control} \
+      ${BENCH_ARGS:-} >> "$out/gpu-ab.md" 2>> "$out/gpu-ab.err" || rc=$?
+  done
+  grep -E '^(## env|\| )' "$out/gpu-ab.md"
   exit $rc
   ;;
 remote-bench)
