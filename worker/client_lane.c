@@ -234,10 +234,13 @@ short kvs__lane_events(kvs_client *c)
 	if (L->state != KVS__LANE_UP)
 		return 0;
 	pthread_mutex_lock(&c->mu);
+	bool broken = L->broken;
 	short ev = ZMQ_POLLIN | (L->out_off < L->out_len ? ZMQ_POLLOUT : 0);
-	if (L->broken)
-		ev = 0;
 	pthread_mutex_unlock(&c->mu);
+	if (broken) { /* an application thread's write failed: close it here */
+		kvs__lane_close(c, "write failed");
+		return 0;
+	}
 	return ev;
 }
 

@@ -11,8 +11,11 @@
 /* The client's own counters, after the server's in a `stats` result. */
 #define CLIENT_STATS 8
 
-static uint32_t client_stats(const kvs_client *c, kvs_stat_out *out)
+static uint32_t client_stats(kvs_client *c, kvs_stat_out *out)
 {
+	pthread_mutex_lock(&c->mu); /* application threads count their lane writes under it */
+	uint64_t frames_out = c->lane.frames_out, direct = c->lane.direct_writes;
+	pthread_mutex_unlock(&c->mu);
 	const struct {
 		const char *name;
 		uint64_t value;
@@ -22,8 +25,8 @@ static uint32_t client_stats(const kvs_client *c, kvs_stat_out *out)
 		{"client_broker_records", c->cst.broker_records},
 		{"client_broker_fds", c->cst.broker_fds},
 		{"client_lane_up", c->lane.state == KVS__LANE_UP},
-		{"client_lane_frames_out", c->lane.frames_out},
-		{"client_lane_direct", c->lane.direct_writes},
+		{"client_lane_frames_out", frames_out},
+		{"client_lane_direct", direct},
 		{"client_lane_frames_in", c->lane.frames_in},
 	};
 	for (uint32_t i = 0; i < CLIENT_STATS; i++) {
@@ -33,7 +36,7 @@ static uint32_t client_stats(const kvs_client *c, kvs_stat_out *out)
 	return CLIENT_STATS;
 }
 
-static void fill(const kvs_client *c, const kvs_msg *rep, kvs_result *res, kvs_admin_info *admin)
+static void fill(kvs_client *c, const kvs_msg *rep, kvs_result *res, kvs_admin_info *admin)
 {
 	static _Thread_local kvs_job_info_out jobs[KVS_MAX_JOBS_QUERY];
 	static _Thread_local kvs_stat_out stats[KVS_MAX_COUNTERS + CLIENT_STATS];

@@ -968,6 +968,156 @@ START_TEST(close_cancels_what_is_left)
 }
 END_TEST
 
+/* ---- the job lane (protocol.md §18) ------------------------------------------------ */
+
+/* One frame from the lane within timeout_ms, decoded into *rq (its bytes in
+ * *buf, freed by the caller): 0, or -1 (timeout, hang-up, bad frame). */
+static int lane_read(int fd, kvs_msg *rq, void **buf, int timeout_ms)
+{
+	uint8_t hdr[4];
+	size_t got = 0;
+	uint8_t *b = NULL;
+	uint32_t n = 0;
+	for (;;) {
+		struct pollfd p = {.fd = fd, .events = POLLIN};
+		if (poll(&p, 1, timeout_ms) != 1)
+			break;
+		ssize_t r = got < 4 ? read(fd, hdr + got, 4 - got) : read(fd, b + got - 4, n - (got - 4));
+		if (r <= 0)
+			break;
+		got += (size_t)r;
+		if (got == 4) {
+			n = (uint32_t)hdr[0] | (uint32_t)hdr[1] << 8 | (uint32_t)hdr[2] << 16 | (uint32_t)hdr[3] << 24;
+			b = malloc(n ? n : 1);
+		}
+		if (got >= 4 && got == 4 + (size_t)n) {
+			kvs_proto_err err;
+			if (kvs_proto_decode(b, n, false, rq, &err) != 0)
+				break;
+			*buf = b;
+			return 0;
+		}
+	}
+	free(b);
+	return -1;
+}
+
+static void lane_send(fs *f, int fd, kvs_msg *rep)
+{
+	rep->is_reply = true;
+	memcpy(rep->epoch, f->epoch, KVS_EPOCH_BYTES);
+	void *buf;
+	size_t len;
+	ck_assert_int_eq(kvs_proto_encode(rep, &buf, &len), 0);
+	uint8_t hdr[4] = {(uint8_t)len, (uint8_t)(len >> 8), (uint8_t)(len >> 16), (uint8_t)(len >> 24)};
+	ck_assert_int_eq(write(fd, hdr, 4), 4);
+	ck_assert_int_eq(write(fd, buf, len), (ssize_t)len);
+	free(buf);
+}
+
+/* Opens a client with lanes on: answers its hello, takes the socket its
+ * attach pushes (checked to be one end of an AF_UNIX stream pair) and
+ * returns it in *lane; the `lane` request is in f->rq, unanswered, and the
+ * open still waits for it (b). */
+static void open_attaching(fs *f, bg *b, int *lane)
+{
+	setenv("KVS_LANE", "1", 1);
+	*b = (bg){.f = f};
+	bg_start(b, do_open);
+	ck_assert_int_eq(fs_expect(f, KVS_OP_HELLO, 3000), 0);
+	fs_hello_ok(f, f->rq.id);
+	int conn = fs_broker_accept(f, 3000);
+	ck_assert_int_ge(conn, 0);
+	kvs_broker_entry e[1];
+	int fds[KVS_BROKER_MAX_FDS];
+	ck_assert_int_eq(fs_broker_read(conn, e, fds, 3000), 1);
+	int type = 0, domain = 0;
+	socklen_t l = sizeof(type);
+	ck_assert_int_eq(getsockopt(fds[0], SOL_SOCKET, SO_TYPE, &type, &l), 0);
+	l = sizeof(domain);
+	ck_assert_int_eq(getsockopt(fds[0], SOL_SOCKET, SO_DOMAIN, &domain, &l), 0);
+	ck_assert_int_eq(type, SOCK_STREAM);
+	ck_assert_int_eq(domain, AF_UNIX);
+	fs_broker_reply(conn, 0);
+	ck_assert_int_eq(fs_expect(f, KVS_OP_LANE, 3000), 0);
+	ck_assert_uint_eq(f->rq.session, f->session);
+	ck_assert_int_eq(memcmp(f->rq.lane_token, e[0].token, 16), 0);
+	close(conn);
+	*lane = fds[0];
+	/* kvs_client_open waits for the attach to end */
+	usleep(50000);
+	ck_assert_int_eq(pthread_tryjoin_np(b->t, NULL), EBUSY);
+	setenv("KVS_LANE", "0", 1);
+}
+
+/* A server without lanes answers E_UNKNOWN_OP: the client stays on ZeroMQ. */
+START_TEST(lane_refused_stays_on_zmq)
+{
+	fs f;
+	fs_start(&f, 1000);
+	bg b;
+	int lane;
+	open_attaching(&f, &b, &lane);
+	fs_err(&f, KVS_OP_LANE, f.rq.id, KVS_E_UNKNOWN_OP, "op 'lane' is not served");
+	ck_assert_int_eq(bg_join(&b), 0);
+	kvs_client *c = b.c;
+	/* the client closed its end: ours reads end of stream */
+	char x;
+	ck_assert_int_eq(read(lane, &x, 1), 0);
+	close(lane);
+	ck_assert_uint_eq(client_stat(&f, c, "client_lane_up"), 0); /* answered over ZeroMQ */
+	close_client(&f, c);
+	fs_stop(&f);
+}
+END_TEST
+
+/* An attached lane carries the requests both ways; once the server closes
+ * it, requests go over ZeroMQ again. */
+START_TEST(lane_carries_requests_until_closed)
+{
+	fs f;
+	fs_start(&f, 1000);
+	bg b;
+	int lane;
+	open_attaching(&f, &b, &lane);
+	fs_ok(&f, KVS_OP_LANE, f.rq.id);
+	ck_assert_int_eq(bg_join(&b), 0);
+	kvs_client *c = b.c;
+	/* a stats request comes on the lane, its reply goes back on it */
+	bg s = {.f = &f, .c = c};
+	bg_start(&s, do_stats);
+	kvs_msg rq = {0};
+	void *buf = NULL;
+	for (;;) { /* heartbeats may come first, on the lane too */
+		ck_assert_int_eq(lane_read(lane, &rq, &buf, 3000), 0);
+		if (rq.op != KVS_OP_HEARTBEAT)
+			break;
+		kvs_msg hb = {.op = KVS_OP_HEARTBEAT, .id = rq.id, .ok = true};
+		lane_send(&f, lane, &hb);
+		kvs_msg_clear(&rq);
+		free(buf);
+	}
+	ck_assert_int_eq(rq.op, KVS_OP_STATS);
+	kvs_counter cs[1] = {{kvs_str_c("sessions"), 7}};
+	kvs_msg rep = {.op = KVS_OP_STATS, .id = rq.id, .ok = true, .counters = cs, .n_counters = 1};
+	lane_send(&f, lane, &rep);
+	kvs_msg_clear(&rq);
+	free(buf);
+	ck_assert_int_eq(bg_join(&s), 0);
+	ck_assert_uint_eq(kvs_stat_find(s.stats, s.n, "sessions"), 7);
+	ck_assert_uint_eq(kvs_stat_find(s.stats, s.n, "client_lane_up"), 1);
+	ck_assert_uint_ge(kvs_stat_find(s.stats, s.n, "client_lane_frames_in"), 1);
+	/* nothing came over ZeroMQ meanwhile but heartbeats */
+	fs_serve_heartbeats(&f, 20);
+	/* the server closes the lane: the next request comes over ZeroMQ */
+	close(lane);
+	usleep(50000);
+	ck_assert_uint_eq(client_stat(&f, c, "client_lane_up"), 0);
+	close_client(&f, c);
+	fs_stop(&f);
+}
+END_TEST
+
 static Suite *client_suite(void)
 {
 	/* the fake server below speaks ZeroMQ and the broker only: no job lane
@@ -991,6 +1141,8 @@ static Suite *client_suite(void)
 	tcase_add_test(tc, restore_push_times_out);
 	tcase_add_test(tc, unregister_during_restore_leaves_no_orphan);
 	tcase_add_test(tc, close_cancels_what_is_left);
+	tcase_add_test(tc, lane_refused_stays_on_zmq);
+	tcase_add_test(tc, lane_carries_requests_until_closed);
 	suite_add_tcase(s, tc);
 	return s;
 }
