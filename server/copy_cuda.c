@@ -793,6 +793,7 @@ static void submit_part(kvs_cuda_engine *e, kvs_cuda_stream *s, const kvs_copy_p
 	/* L1 not pinned yet under this part: it waits for those slices (pinned
 	 * first) rather than going as pageable copies */
 	if (!cuda_part_pinned(e, part, true)) {
+		e->st.pin_waits++;
 		cuda_wait_pinned(e, s, part);
 		return;
 	}
