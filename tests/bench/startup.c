@@ -270,8 +270,17 @@ static int startup_one(const kvb_opts *o, uint64_t gib, bool check)
 			if (k * steady < 0.9 * SU_WIN)
 				t_win = w + SU_WIN;
 		}
-		for (uint32_t j = 0; j < min_jobs; j++)
-			slow_after2 += t_end[j] > 2.0 && lat[j] > steady / 0.9;
+		uint32_t slow_s[6] = {0}, all_s[6] = {0};
+		for (uint32_t j = 0; j < min_jobs; j++) {
+			bool slow = lat[j] > steady / 0.9;
+			slow_after2 += t_end[j] > 2.0 && slow;
+			int b = (int)t_end[j];
+			if (b >= 0 && b < 6)
+				slow_s[b] += slow, all_s[b]++;
+		}
+		kvb_note("startup L1 %lluG: slow jobs / jobs ending in each second from 1 s: %u/%u %u/%u %u/%u %u/%u %u/%u",
+			 (unsigned long long)gib, slow_s[1], all_s[1], slow_s[2], all_s[2], slow_s[3], all_s[3], slow_s[4],
+			 all_s[4], slow_s[5], all_s[5]);
 		kvb_note("startup L1 %lluG: jobs slower than steady / 0.9 ending after 2 s: %u of %u", (unsigned long long)gib,
 			 slow_after2, min_jobs);
 	}
