@@ -94,6 +94,8 @@ void kvs_cuda_pin_hold(kvs_cuda_engine *e, bool hold)
 
 bool kvs_cuda_pin_held(kvs_cuda_engine *e) { return e && atomic_load(&e->pin_hold) > 0; }
 
+bool kvs_cuda_pinning(kvs_cuda_engine *e) { return e && atomic_load(&e->pin_left) > 0; }
+
 uint64_t kvs_cuda_pinned_prefix(kvs_cuda_engine *e, bool *all)
 {
 	while (e->prefix < e->n_slices) {

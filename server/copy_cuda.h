@@ -78,6 +78,8 @@ void kvs_cuda_pin_hold(kvs_cuda_engine *e, bool hold);
  * population holds the process's mmap lock, which the driver's mapping calls
  * wait for). False for NULL. */
 bool kvs_cuda_pin_held(kvs_cuda_engine *e);
+/* True while the engine still has L1 slices to pin (any thread; NULL: false). */
+bool kvs_cuda_pinning(kvs_cuda_engine *e);
 /* Bytes from the start of L1 that are pinned (or failed to pin: copied by
  * cuMemcpyAsync) without a gap, and whether all of L1 is. The loop lets L1
  * allocate below this first (kvs_l1_set_ceiling, issue 18), so copies do

@@ -68,6 +68,7 @@ int kvs_cuda_stream_create(kvs_cuda_engine *e, int device, kvs_cuda_stream **ret
 void kvs_cuda_stream_destroy(kvs_cuda_engine *e, kvs_cuda_stream *s) { (void)e, (void)s; }
 void kvs_cuda_pin_hold(kvs_cuda_engine *e, bool hold) { (void)e, (void)hold; }
 bool kvs_cuda_pin_held(kvs_cuda_engine *e) { (void)e; return false; }
+bool kvs_cuda_pinning(kvs_cuda_engine *e) { (void)e; return false; }
 
 /* Unreachable: a part reaches an engine only through a CUDA registration's
  * stream, which this build never creates. Fail its tasks all the same. */

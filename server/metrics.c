@@ -153,6 +153,7 @@ static const family families[] = {
 	{"l1_metadata_bytes", "gauge", "Memory used by L1 metadata.", 0, {{"l1_meta_bytes", ""}}},
 	{"l1_prefaulted_bytes", "gauge", "L1 arena bytes faulted in at start-up so far.", 0,
 	 {{"l1_prefaulted_bytes", ""}}},
+	{"l1_prefault_active", "gauge", "1 while the start-up prefault of L1 runs.", 0, {{"l1_prefault_active", ""}}},
 	{"l1_withheld_bytes", "gauge", "L1 bytes not handed out yet (above the pinned prefix while the GPU engine pins).",
 	 0, {{"l1_withheld_bytes", ""}}},
 	{"evictions_total", "counter", "Objects evicted to make room, by tier.", 0,

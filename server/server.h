@@ -216,6 +216,7 @@ struct kvs_server {
 	 * mmap lock that populating holds) */
 	atomic_bool cuda_settled;
 	atomic_uint_fast64_t prefaulted; /* bytes of the arena faulted in so far */
+	atomic_bool prefault_active; /* the prefault thread has work left (it clears it when it ends) */
 	uint64_t busy_ns; /* main-loop time spent handling events (not waiting) */
 	char errbuf[256]; /* text of the error a handler is returning */
 

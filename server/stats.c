@@ -121,6 +121,7 @@ uint32_t kvs__stats_collect(kvs_server *srv, kvs_counter *c, char (*names)[32])
 	C("l1_nospace", l1.nospace);
 	C("l1_meta_bytes", l1.meta_bytes);
 	C("l1_prefaulted_bytes", atomic_load(&srv->prefaulted));
+	C("l1_prefault_active", atomic_load(&srv->prefault_active));
 	C("l1_withheld_bytes", l1.withheld);
 	C("loop_busy_us", srv->busy_ns / 1000);
 	kvs_l2_stats l2 = {0};

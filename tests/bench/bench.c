@@ -136,7 +136,8 @@ int kvb_server_start(const kvb_opts *o, kvt_server *s, ...)
 	kvs_client *c = kvt_client(s, "probe", KVS_ROLE_SCHEDULER, 0, 1, NULL, NULL);
 	for (int k = 0; c && k < 3000; k++) {
 		uint64_t cap = kvb_stat(c, "l1_capacity"), pf = kvb_stat(c, "l1_prefaulted_bytes");
-		if (pf >= cap || pf == UINT64_MAX)
+		/* with a GPU the engine's pinning faults L1 in instead (no prefault) */
+		if (pf >= cap || pf == UINT64_MAX || kvb_stat(c, "l1_prefault_active") == 0)
 			break;
 		usleep(10000);
 	}

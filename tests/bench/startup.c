@@ -158,7 +158,17 @@ static int startup_one(const kvb_opts *o, uint64_t gib, bool check)
 {
 	char l1[32], nm[160];
 	snprintf(l1, sizeof(l1), "%llu", (unsigned long long)(gib << 30));
-	char *extra[] = {"--l1-size", l1, "--heartbeat-ms", "1000", "--ttl-ms", "10000", NULL};
+	char *extra[16] = {"--l1-size", l1, "--heartbeat-ms", "1000", "--ttl-ms", "10000", NULL};
+	/* KVB_STARTUP_ARGS: more server arguments, blank-separated (experiments) */
+	static char more[256];
+	const char *ma = getenv("KVB_STARTUP_ARGS");
+	if (ma) {
+		snprintf(more, sizeof(more), "%s", ma);
+		int k = 6;
+		for (char *sv = NULL, *t = strtok_r(more, " ", &sv); t && k < 15; t = strtok_r(NULL, " ", &sv))
+			extra[k++] = t;
+		extra[k] = NULL;
+	}
 	kvt_server s;
 	if (kvt_server_init_in(&s, o->dir, extra) != 0)
 		return 1;
