@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #define KVS_LOG_COMPONENT "lane"
+#include "kvs_frame.h"
 #include "kvs_log.h"
 #include "lane.h"
 
@@ -19,7 +20,6 @@
  * apart: a lane ident is at least LANE_HDR + 1 bytes and starts 0x00 'L' 'N'). */
 static const uint8_t LANE_MAGIC[3] = {0x00, 'L', 'N'};
 #define LANE_HDR 11
-#define IN_START (64u << 10)  /* read buffer of a lane, grown for larger frames */
 #define READ_BUDGET (1u << 20) /* bytes read from one lane per loop iteration */
 
 /* One lane. Invariants: fd >= 0 while open; a dead lane (closed fd) is only
@@ -35,8 +35,7 @@ typedef struct kvs_lane {
 	int peer;        /* kvs_peer_kind of the `lane` request: the lane's requests' */
 	uint8_t ident[KVS_MAX_IDENT]; /* its lane ident */
 	size_t ident_len;
-	uint8_t *in;     /* received bytes not yet handled: [0, in_len) of in_cap */
-	size_t in_len, in_cap;
+	kvs_frame_in in; /* received bytes not yet handled */
 	uint8_t hdr[4];  /* the length prefix of out */
 	void *out;       /* the message being written, or NULL */
 	size_t out_len, out_off; /* out_off counts the 4 prefix bytes too */
@@ -90,7 +89,7 @@ static void lane_free(kvs_lane *l)
 {
 	if (l->fd >= 0)
 		close(l->fd);
-	free(l->in);
+	kvs_frame_free(&l->in);
 	free(l->out);
 	free(l);
 }
@@ -224,97 +223,48 @@ fail:
 
 /* ---- reading ------------------------------------------------------------------ */
 
-static uint32_t rd32(const uint8_t *p)
-{
-	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
-/* Handles the whole frames at the front of l->in; false if the lane died
- * (a bad frame, or a request that closed its session). */
+/* Handles the whole frames in l->in; false if the lane died (a bad frame,
+ * or a request that closed its session). */
 static bool handle_frames(kvs_server *srv, kvs_lane *l)
 {
-	size_t pos = 0;
-	bool alive = true;
-	while (l->in_len - pos >= 4) {
-		uint32_t n = rd32(l->in + pos);
-		if (n == 0 || n > KVS_LANE_MAX_FRAME) {
-			kvs_warn("lane of session %016llx: frame length %u is outside 1..%u: lane closed",
-				 (unsigned long long)l->session, n, (unsigned)KVS_LANE_MAX_FRAME);
-			srv->lanes->st.closed_bad++;
-			lane_kill(srv, l, "bad frame");
-			return false;
-		}
-		if (l->in_len - pos - 4 < n) {
-			if (n + 4u > l->in_cap) { /* room for the whole frame */
-				uint8_t *b = malloc(n + 4u);
-				if (!b) {
-					lane_kill(srv, l, "out of memory");
-					return false;
-				}
-				memcpy(b, l->in + pos, l->in_len - pos);
-				free(l->in);
-				l->in = b;
-				l->in_cap = n + 4u;
-				l->in_len -= pos;
-				pos = 0;
-			}
-			break;
-		}
+	const uint8_t *body;
+	uint32_t n;
+	int r;
+	while ((r = kvs_frame_next(&l->in, &body, &n)) == 1) {
 		srv->lanes->st.requests++;
 		srv->peer = l->peer;
-		srv->dispatch(srv, l->ident, l->ident_len, l->in + pos + 4, n);
-		pos += 4 + (size_t)n;
-		if (l->dead) { /* the request closed its session (bye) */
-			alive = false;
-			break;
+		srv->dispatch(srv, l->ident, l->ident_len, body, n);
+		if (l->dead) /* the request closed its session (bye) */
+			return false;
+	}
+	if (r < 0) {
+		if (r == -EPROTO) {
+			kvs_warn("lane of session %016llx: a frame length is outside 1..%u: lane closed",
+				 (unsigned long long)l->session, (unsigned)KVS_FRAME_MAX);
+			srv->lanes->st.closed_bad++;
 		}
+		lane_kill(srv, l, r == -EPROTO ? "bad frame" : "out of memory");
+		return false;
 	}
-	if (alive && pos) {
-		memmove(l->in, l->in + pos, l->in_len - pos);
-		l->in_len -= pos;
-	}
-	if (alive && l->in_len == 0 && l->in_cap > IN_START) { /* a large frame is done */
-		uint8_t *b = malloc(IN_START);
-		if (b) {
-			free(l->in);
-			l->in = b;
-			l->in_cap = IN_START;
-		}
-	}
-	return alive;
+	kvs_frame_compact(&l->in);
+	return true;
 }
 
 static void lane_read(kvs_server *srv, kvs_lane *l)
 {
-	if (!l->in) {
-		if (!(l->in = malloc(IN_START))) {
-			lane_kill(srv, l, "out of memory");
-			return;
-		}
-		l->in_cap = IN_START;
-	}
 	for (size_t got = 0; got < READ_BUDGET;) {
-		size_t space = l->in_cap - l->in_len;
-		ssize_t r = recv(l->fd, l->in + l->in_len, space, MSG_DONTWAIT);
-		if (r == 0) {
-			lane_kill(srv, l, "closed by the client");
+		int full = 0;
+		long r = kvs_frame_recv(&l->in, l->fd, &full);
+		if (r == -EAGAIN)
 			return;
-		}
-		if (r < 0) {
-			if (errno == EINTR)
-				continue;
-			if (errno != EAGAIN && errno != EWOULDBLOCK) {
-				srv->lanes->st.closed_bad++;
-				lane_kill(srv, l, strerror(errno));
-			}
+		if (r <= 0) {
+			srv->lanes->st.closed_bad += r < 0 && r != -ENOMEM;
+			lane_kill(srv, l, r == 0 ? "closed by the client" : strerror((int)-r));
 			return;
 		}
 		got += (size_t)r;
-		l->in_len += (size_t)r;
-		if (!handle_frames(srv, l))
-			return;
-		if ((size_t)r < space)
-			return; /* drained (a short read) */
+		if (!handle_frames(srv, l) || !full)
+			return; /* dead, or drained (a short read) */
 	}
 }
 
@@ -361,8 +311,7 @@ bool kvs__lane_send(kvs_server *srv, const void *ident, size_t ident_len, void *
 		L->st.diverted++;
 		return false;
 	}
-	l->hdr[0] = (uint8_t)len, l->hdr[1] = (uint8_t)(len >> 8);
-	l->hdr[2] = (uint8_t)(len >> 16), l->hdr[3] = (uint8_t)(len >> 24);
+	kvs_frame_hdr(l->hdr, (uint32_t)len);
 	l->out = buf;
 	l->out_len = len;
 	l->out_off = 0;

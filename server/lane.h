@@ -25,10 +25,6 @@
 
 #include "server.h"
 
-/* The frame limit: a length above it closes the lane (a message above the
- * protocol's limit but below this is answered E_LIMIT, as on ZeroMQ). */
-#define KVS_LANE_MAX_FRAME (KVS_MAX_MSG_BYTES + 4096)
-
 int kvs__lanes_create(kvs_server *srv);
 /* Closes every lane (after the sessions are gone). */
 void kvs__lanes_destroy(kvs_server *srv);

@@ -19,6 +19,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "kvs_frame.h"
 #include "kvs_htab.h"
 #include "kvs_proto.h"
 #include "kvside.h"
@@ -114,8 +115,7 @@ typedef struct kvs__lane {
 	/* I/O thread only */
 	int state;  /* enum kvs__lane_state */
 	int new_fd; /* our end while attaching, else -1 */
-	uint8_t *in; /* received bytes not handled yet */
-	size_t in_len, in_cap;
+	kvs_frame_in in; /* received bytes not handled yet */
 	uint64_t frames_in;
 } kvs__lane;
 

@@ -29,10 +29,10 @@
 
 #define KVS_LOG_COMPONENT "libkvside"
 #include "client_int.h"
+#include "kvs_frame.h"
 #include "kvs_log.h"
 #include "kvs_trace.h"
 
-#define IN_START (64u << 10)
 #define OUT_MAX (64ull << 20) /* bytes waiting for the socket: beyond, KVS_E_BUSY */
 
 void kvs__lane_init(kvs_client *c, bool enabled)
@@ -90,7 +90,8 @@ static int flush_locked(kvs__lane *L)
  * broke, nothing of this frame was written. */
 static int write_frame_locked(kvs__lane *L, const void *buf, size_t len)
 {
-	uint8_t hdr[4] = {(uint8_t)len, (uint8_t)(len >> 8), (uint8_t)(len >> 16), (uint8_t)(len >> 24)};
+	uint8_t hdr[4];
+	kvs_frame_hdr(hdr, (uint32_t)len);
 	size_t w = 0;
 	if (L->out_off == L->out_len) {
 		struct iovec iov[2] = {{hdr, 4}, {(void *)buf, len}};
@@ -214,7 +215,7 @@ void kvs__lane_close(kvs_client *c, const char *why)
 	pthread_mutex_unlock(&c->mu);
 	if (L->state == KVS__LANE_UP)
 		L->state = KVS__LANE_OFF; /* an attach in flight ends in on_lane */
-	L->in_len = 0;
+	kvs_frame_free(&L->in); /* a new lane starts clean */
 }
 
 void kvs__lane_update(kvs_client *c)
@@ -244,44 +245,25 @@ short kvs__lane_events(kvs_client *c)
 	return ev;
 }
 
-static uint32_t rd32(const uint8_t *p)
-{
-	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
-/* Handles the whole frames in in; false if the lane must close. */
+/* Handles the whole frames in the lane's buffer; false if the lane must
+ * close (a bad frame). */
 static bool frames(kvs_client *c)
 {
 	kvs__lane *L = &c->lane;
-	size_t pos = 0;
-	while (L->in_len - pos >= 4) {
-		uint32_t n = rd32(L->in + pos);
-		if (n == 0 || n > KVS_MAX_MSG_BYTES + 4096u) {
-			kvs_warn("job lane: frame length %u from the server is out of range", n);
-			return false;
-		}
-		if (L->in_len - pos - 4 < n) {
-			if (n + 4u > L->in_cap) {
-				uint8_t *b = malloc(n + 4u);
-				if (!b)
-					return false;
-				memcpy(b, L->in + pos, L->in_len - pos);
-				free(L->in);
-				L->in = b;
-				L->in_cap = n + 4u;
-				L->in_len -= pos;
-				pos = 0;
-			}
-			break;
-		}
+	const uint8_t *body;
+	uint32_t n;
+	int r;
+	while ((r = kvs_frame_next(&L->in, &body, &n)) == 1) {
 		L->frames_in++;
-		kvs__handle_reply(c, L->in + pos + 4, n);
-		pos += 4 + (size_t)n;
+		kvs__handle_reply(c, body, n);
 		if (L->state != KVS__LANE_UP) /* the reply closed it (a re-open) */
 			return true;
 	}
-	memmove(L->in, L->in + pos, L->in_len - pos);
-	L->in_len -= pos;
+	if (r < 0) {
+		kvs_warn("job lane: %s", r == -EPROTO ? "a frame length from the server is out of range" : "out of memory");
+		return false;
+	}
+	kvs_frame_compact(&L->in);
 	return true;
 }
 
@@ -303,28 +285,20 @@ void kvs__lane_run(kvs_client *c, short revents)
 	}
 	if (!(revents & (ZMQ_POLLIN | ZMQ_POLLERR)))
 		return;
-	if (!L->in) {
-		if (!(L->in = malloc(IN_START))) {
-			kvs__lane_close(c, "out of memory");
-			return;
-		}
-		L->in_cap = IN_START;
-	}
 	for (int i = 0; i < 64 && L->state == KVS__LANE_UP; i++) {
-		size_t space = L->in_cap - L->in_len;
-		ssize_t r = recv(L->fd, L->in + L->in_len, space, MSG_DONTWAIT);
-		if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+		int full = 0;
+		long r = kvs_frame_recv(&L->in, L->fd, &full);
+		if (r == -EAGAIN)
+			return;
+		if (r <= 0) {
 			kvs__lane_close(c, r == 0 ? "closed by the server" : "read failed");
 			return;
 		}
-		if (r < 0)
-			return;
-		L->in_len += (size_t)r;
 		if (!frames(c)) {
 			kvs__lane_close(c, "bad frame");
 			return;
 		}
-		if ((size_t)r < space)
+		if (!full)
 			return;
 	}
 }
@@ -445,7 +419,7 @@ void kvs__lane_free(kvs_client *c)
 		close(L->fd);
 	if (L->new_fd >= 0)
 		close(L->new_fd);
-	free(L->in);
+	kvs_frame_free(&L->in);
 	free(L->out);
 	kvs__req *r = L->sent_head;
 	while (r) {
