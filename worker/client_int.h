@@ -142,6 +142,7 @@ struct kvs_client {
 	/* submit queue: guarded by mu */
 	pthread_mutex_t mu;
 	kvs__req *q_head, *q_tail;
+	bool draining; /* the I/O thread is routing what it took from the queue */
 	bool stop;
 	int efd;
 	atomic_uint_fast64_t next_id;

@@ -68,8 +68,9 @@ int kvs__req_submit(kvs_client *c, kvs__req *r)
 		return -ECANCELED;
 	}
 	r->next = NULL;
-	if (!c->q_head) {
-		/* the lane: written from this thread, nothing to hand over */
+	if (!c->q_head && !c->draining) {
+		/* the lane: written from this thread, nothing to hand over (nor
+		 * ahead of it: the queue is empty and not being routed) */
 		int d = kvs__lane_direct(c, r);
 		if (d != 0) {
 			pthread_mutex_unlock(&c->mu);
@@ -155,12 +156,20 @@ static void drain_queue(kvs_client *c)
 	pthread_mutex_lock(&c->mu);
 	kvs__req *r = c->q_head;
 	c->q_head = c->q_tail = NULL;
+	/* until these are routed, an application thread must not write to the
+	 * lane ahead of them: it queues behind them instead */
+	c->draining = r != NULL;
 	pthread_mutex_unlock(&c->mu);
+	if (!r)
+		return;
 	while (r) {
 		kvs__req *next = r->next;
 		route(c, r);
 		r = next;
 	}
+	pthread_mutex_lock(&c->mu);
+	c->draining = false;
+	pthread_mutex_unlock(&c->mu);
 }
 
 void kvs__release_held(kvs_client *c)
