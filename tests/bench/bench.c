@@ -132,12 +132,17 @@ int kvb_server_start(const kvb_opts *o, kvt_server *s, ...)
 	s->timeout_ms = 30000;
 	if (kvt_server_start(s) != 0)
 		return -1;
-	/* measure a warm server: let the L1 arena fault in first */
+	/* measure a warm server: let the L1 arena fault in first, or, with a
+	 * GPU, be pinned (which faults it in; the server skips the prefault) */
 	kvs_client *c = kvt_client(s, "probe", KVS_ROLE_SCHEDULER, 0, 1, NULL, NULL);
 	for (int k = 0; c && k < 3000; k++) {
 		uint64_t cap = kvb_stat(c, "l1_capacity"), pf = kvb_stat(c, "l1_prefaulted_bytes");
-		/* with a GPU the engine's pinning faults L1 in instead (no prefault) */
-		if (pf >= cap || pf == UINT64_MAX || kvb_stat(c, "l1_prefault_active") == 0)
+		if (pf == UINT64_MAX)
+			break;
+		bool faulted = pf >= cap || kvb_stat(c, "l1_prefault_active") == 0;
+		bool pinned = kvb_stat(c, "cuda_starting") == 0 &&
+			      (kvb_stat(c, "cuda_available") == 0 || kvb_stat(c, "cuda_pinned_bytes") >= cap);
+		if (faulted && pinned)
 			break;
 		usleep(10000);
 	}
