@@ -13,11 +13,10 @@
 #include "lane.h"
 
 /* A lane ident: LANE_MAGIC, the lane's number (u64, little-endian), then the
- * ZeroMQ routing id of the `lane` request. ZeroMQ's own routing ids never
- * start with a zero byte followed by 'L' (the ones it makes are 5 bytes,
- * 0x00 then a counter, and it refuses application ids starting with 0x00
- * ... but a 5-byte id cannot be 11+ bytes long, which is what tells them
- * apart: a lane ident is at least LANE_HDR + 1 bytes and starts 0x00 'L' 'N'). */
+ * ZeroMQ routing id of the `lane` request: at least LANE_HDR + 1 bytes,
+ * starting 0x00. No ZeroMQ routing id looks like that: the ids a ROUTER makes
+ * are exactly 5 bytes (0x00, then a counter), and ids a peer chooses must not
+ * start with 0x00 (ZeroMQ reserves those). */
 static const uint8_t LANE_MAGIC[3] = {0x00, 'L', 'N'};
 #define LANE_HDR 11
 #define READ_BUDGET (1u << 20) /* bytes read from one lane per loop iteration */
