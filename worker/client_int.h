@@ -55,6 +55,7 @@ struct kvs__req {
 	kvs__internal_fn internal; /* I/O-thread bookkeeping instead of done */
 	void *iarg;
 	kvs__push *push; /* register: fds the broker must have before the message leaves */
+	bool on_lane;    /* written on the job lane: only that lane's server answers it */
 	kvs__req *next;
 };
 

@@ -235,6 +235,30 @@ static void on_rehello(kvs_client *c, kvs__req *r, const kvs_msg *rep, int code)
 	kvs__restore_step_done(c, 0);
 }
 
+/* A re-open: requests that went over the lane are lost with it (a server
+ * that restarted never read them, or read them for a session that is gone):
+ * they fail with KVS_E_SESSION now, as requests a new server answers do,
+ * rather than at their timeout. Collected first: a completion may submit. */
+static void fail_lane_requests(kvs_client *c)
+{
+	kvs__lane_adopt(c);
+	kvs__req *lost = NULL;
+	size_t pos = 0;
+	kvs__req *r;
+	while ((r = kvs_htab_next(c->pending, &pos)) != NULL) {
+		if (!r->on_lane)
+			continue;
+		kvs_htab_iter_del(c->pending, &pos);
+		r->next = lost;
+		lost = r;
+	}
+	while (lost) {
+		kvs__req *next = lost->next;
+		kvs__finish(c, lost, NULL, KVS_E_SESSION);
+		lost = next;
+	}
+}
+
 static void start_reopen(kvs_client *c, const char *why)
 {
 	/* a heartbeat answered E_SESSION after our own bye is no restart */
@@ -244,6 +268,7 @@ static void start_reopen(kvs_client *c, const char *why)
 	kvs__lane_close(c, "the session is re-opened");
 	c->reopen = KVS__REOPEN_HELLO;
 	kvs__lane_update(c);
+	fail_lane_requests(c);
 	kvs_msg m = {.op = KVS_OP_HELLO, .engine = kvs_str_c(c->engine), .role = (uint8_t)c->role,
 		     .rank = c->rank, .world = c->world, .ns = kvs_str_c(c->ns)};
 	if (kvs__submit(c, &m, 0, NULL, NULL, on_rehello, NULL) != 0)

@@ -140,6 +140,7 @@ int kvs__lane_direct(kvs_client *c, kvs__req *r)
 	KVS_TRACE(KVS_TP_IO_SEND, r->op);
 	free(r->buf);
 	r->buf = NULL;
+	r->on_lane = true;
 	r->next = NULL;
 	if (L->sent_tail)
 		L->sent_tail->next = r;
@@ -170,6 +171,7 @@ bool kvs__lane_send(kvs_client *c, kvs__req *r)
 	KVS_TRACE(KVS_TP_IO_SEND, r->op);
 	free(r->buf);
 	r->buf = NULL;
+	r->on_lane = true;
 	return true;
 }
 

@@ -1118,6 +1118,62 @@ START_TEST(lane_carries_requests_until_closed)
 }
 END_TEST
 
+/* A request that went over the lane when the server died is lost with the
+ * lane: at the re-open it fails with KVS_E_SESSION (its timeout, 30 s, would
+ * give KVS_E_TIMEOUT), and the restore attaches a new lane. */
+START_TEST(lane_requests_fail_at_a_restart)
+{
+	fs f;
+	fs_start(&f, 100);
+	bg b;
+	int lane;
+	open_attaching(&f, &b, &lane);
+	fs_ok(&f, KVS_OP_LANE, f.rq.id);
+	ck_assert_int_eq(bg_join(&b), 0);
+	kvs_client *c = b.c;
+	bg l = {.f = &f, .c = c, .timeout_ms = 30000};
+	bg_start(&l, do_lookup);
+	kvs_msg rq = {0};
+	void *buf = NULL;
+	for (;;) { /* the lookup comes on the lane (heartbeats may come first) */
+		ck_assert_int_eq(lane_read(lane, &rq, &buf, 3000), 0);
+		kvs_op op = rq.op;
+		if (op == KVS_OP_HEARTBEAT) {
+			kvs_msg hb = {.op = KVS_OP_HEARTBEAT, .id = rq.id, .ok = true};
+			lane_send(&f, lane, &hb);
+		}
+		kvs_msg_clear(&rq);
+		free(buf);
+		if (op == KVS_OP_LOOKUP)
+			break;
+	}
+	/* the server dies unanswered: the lane closes, the next server has a
+	 * new epoch, which the next heartbeat (over ZeroMQ now) meets */
+	close(lane);
+	fs_new_epoch(&f);
+	ck_assert_int_eq(fs_expect(&f, KVS_OP_HEARTBEAT, 3000), 0);
+	fs_ok(&f, KVS_OP_HEARTBEAT, f.rq.id);
+	ck_assert_int_eq(bg_join(&l), KVS_E_SESSION);
+	/* the re-open: hello, then the restore's lane attach (refused here) */
+	ck_assert_int_eq(fs_expect(&f, KVS_OP_HELLO, 3000), 0);
+	fs_hello_ok(&f, f.rq.id);
+	int conn = fs_broker_accept(&f, 3000);
+	ck_assert_int_ge(conn, 0);
+	kvs_broker_entry e[1];
+	int fds[KVS_BROKER_MAX_FDS];
+	ck_assert_int_eq(fs_broker_read(conn, e, fds, 3000), 1);
+	fs_broker_reply(conn, 0);
+	ck_assert_int_eq(fs_expect(&f, KVS_OP_LANE, 3000), 0);
+	fs_err(&f, KVS_OP_LANE, f.rq.id, KVS_E_UNKNOWN_OP, "op 'lane' is not served");
+	close(fds[0]);
+	close(conn);
+	ck_assert_uint_eq(client_stat(&f, c, "client_lane_up"), 0);
+	ck_assert_uint_eq(kvs_client_reconnects(c), 1);
+	close_client(&f, c);
+	fs_stop(&f);
+}
+END_TEST
+
 static Suite *client_suite(void)
 {
 	/* the fake server below speaks ZeroMQ and the broker only: no job lane
@@ -1143,6 +1199,7 @@ static Suite *client_suite(void)
 	tcase_add_test(tc, close_cancels_what_is_left);
 	tcase_add_test(tc, lane_refused_stays_on_zmq);
 	tcase_add_test(tc, lane_carries_requests_until_closed);
+	tcase_add_test(tc, lane_requests_fail_at_a_restart);
 	suite_add_tcase(s, tc);
 	return s;
 }
