@@ -1050,15 +1050,20 @@ static void open_attaching(fs *f, bg *b, int *lane)
 	setenv("KVS_LANE", "0", 1);
 }
 
-/* A server without lanes answers E_UNKNOWN_OP: the client stays on ZeroMQ. */
+/* A server without lanes answers E_UNKNOWN_OP: the client stays on ZeroMQ.
+ * While the attach waits, heartbeats go on (the session must not lapse). */
 START_TEST(lane_refused_stays_on_zmq)
 {
 	fs f;
-	fs_start(&f, 1000);
+	fs_start(&f, 20);
 	bg b;
 	int lane;
 	open_attaching(&f, &b, &lane);
-	fs_err(&f, KVS_OP_LANE, f.rq.id, KVS_E_UNKNOWN_OP, "op 'lane' is not served");
+	uint64_t lane_id = f.rq.id;
+	int hb0 = f.heartbeats;
+	fs_serve_heartbeats(&f, 300);
+	ck_assert_int_ge(f.heartbeats - hb0, 5); /* every 20 ms, over ZeroMQ */
+	fs_err(&f, KVS_OP_LANE, lane_id, KVS_E_UNKNOWN_OP, "op 'lane' is not served");
 	ck_assert_int_eq(bg_join(&b), 0);
 	kvs_client *c = b.c;
 	/* the client closed its end: ours reads end of stream */
