@@ -11,6 +11,11 @@
  * reports #KVS_EVENT_RECONNECTED to the application. Requests in flight at the
  * restart fail with #KVS_E_SESSION; the application retries them.
  *
+ * Job lane: a client of an ipc:// endpoint also attaches a socket pair to its
+ * session (docs/protocol.md §18) before kvs_client_open returns; requests are
+ * then written to it by the calling thread and the I/O thread reads the
+ * replies. KVS_LANE=0 in the environment keeps every request on ZeroMQ.
+ *
  * Threading: every function is thread-safe. Completion callbacks and event
  * callbacks run on the I/O thread: they must return quickly and must not call
  * the blocking helpers (those return -EDEADLK there); they may call the
