@@ -1019,13 +1019,11 @@ static void lane_send(fs *f, int fd, kvs_msg *rep)
  * attach pushes (checked to be one end of an AF_UNIX stream pair) and
  * returns it in *lane; the `lane` request is in f->rq, unanswered, and the
  * open still waits for it (b). */
-static void open_attaching(fs *f, bg *b, int *lane)
+/* Takes a lane attach after a hello: the socket its push parks (checked to
+ * be one end of an AF_UNIX stream pair) and the `lane` request naming it,
+ * left unanswered in f->rq. Returns the socket. */
+static int take_attach(fs *f)
 {
-	setenv("KVS_LANE", "1", 1);
-	*b = (bg){.f = f};
-	bg_start(b, do_open);
-	ck_assert_int_eq(fs_expect(f, KVS_OP_HELLO, 3000), 0);
-	fs_hello_ok(f, f->rq.id);
 	int conn = fs_broker_accept(f, 3000);
 	ck_assert_int_ge(conn, 0);
 	kvs_broker_entry e[1];
@@ -1043,7 +1041,33 @@ static void open_attaching(fs *f, bg *b, int *lane)
 	ck_assert_uint_eq(f->rq.session, f->session);
 	ck_assert_int_eq(memcmp(f->rq.lane_token, e[0].token, 16), 0);
 	close(conn);
-	*lane = fds[0];
+	return fds[0];
+}
+
+/* The next frame on the lane that is not a heartbeat (heartbeats answered
+ * on the way) into *rq; returns its bytes (free them after kvs_msg_clear). */
+static void *lane_expect(fs *f, int lane, kvs_msg *rq)
+{
+	void *buf = NULL;
+	for (;;) {
+		ck_assert_int_eq(lane_read(lane, rq, &buf, 3000), 0);
+		if (rq->op != KVS_OP_HEARTBEAT)
+			return buf;
+		kvs_msg hb = {.op = KVS_OP_HEARTBEAT, .id = rq->id, .ok = true};
+		lane_send(f, lane, &hb);
+		kvs_msg_clear(rq);
+		free(buf);
+	}
+}
+
+static void open_attaching(fs *f, bg *b, int *lane)
+{
+	setenv("KVS_LANE", "1", 1);
+	*b = (bg){.f = f};
+	bg_start(b, do_open);
+	ck_assert_int_eq(fs_expect(f, KVS_OP_HELLO, 3000), 0);
+	fs_hello_ok(f, f->rq.id);
+	*lane = take_attach(f);
 	/* kvs_client_open waits for the attach to end */
 	usleep(50000);
 	ck_assert_int_eq(pthread_tryjoin_np(b->t, NULL), EBUSY);
@@ -1092,16 +1116,7 @@ START_TEST(lane_carries_requests_until_closed)
 	bg s = {.f = &f, .c = c};
 	bg_start(&s, do_stats);
 	kvs_msg rq = {0};
-	void *buf = NULL;
-	for (;;) { /* heartbeats may come first, on the lane too */
-		ck_assert_int_eq(lane_read(lane, &rq, &buf, 3000), 0);
-		if (rq.op != KVS_OP_HEARTBEAT)
-			break;
-		kvs_msg hb = {.op = KVS_OP_HEARTBEAT, .id = rq.id, .ok = true};
-		lane_send(&f, lane, &hb);
-		kvs_msg_clear(&rq);
-		free(buf);
-	}
+	void *buf = lane_expect(&f, lane, &rq);
 	ck_assert_int_eq(rq.op, KVS_OP_STATS);
 	kvs_counter cs[1] = {{kvs_str_c("sessions"), 7}};
 	kvs_msg rep = {.op = KVS_OP_STATS, .id = rq.id, .ok = true, .counters = cs, .n_counters = 1};
@@ -1139,19 +1154,10 @@ START_TEST(lane_requests_fail_at_a_restart)
 	bg l = {.f = &f, .c = c, .timeout_ms = 30000};
 	bg_start(&l, do_lookup);
 	kvs_msg rq = {0};
-	void *buf = NULL;
-	for (;;) { /* the lookup comes on the lane (heartbeats may come first) */
-		ck_assert_int_eq(lane_read(lane, &rq, &buf, 3000), 0);
-		kvs_op op = rq.op;
-		if (op == KVS_OP_HEARTBEAT) {
-			kvs_msg hb = {.op = KVS_OP_HEARTBEAT, .id = rq.id, .ok = true};
-			lane_send(&f, lane, &hb);
-		}
-		kvs_msg_clear(&rq);
-		free(buf);
-		if (op == KVS_OP_LOOKUP)
-			break;
-	}
+	void *buf = lane_expect(&f, lane, &rq); /* the lookup, on the lane */
+	ck_assert_int_eq(rq.op, KVS_OP_LOOKUP);
+	kvs_msg_clear(&rq);
+	free(buf);
 	/* the server dies unanswered: the lane closes, the next server has a
 	 * new epoch, which the next heartbeat (over ZeroMQ now) meets */
 	close(lane);
@@ -1162,16 +1168,9 @@ START_TEST(lane_requests_fail_at_a_restart)
 	/* the re-open: hello, then the restore's lane attach (refused here) */
 	ck_assert_int_eq(fs_expect(&f, KVS_OP_HELLO, 3000), 0);
 	fs_hello_ok(&f, f.rq.id);
-	int conn = fs_broker_accept(&f, 3000);
-	ck_assert_int_ge(conn, 0);
-	kvs_broker_entry e[1];
-	int fds[KVS_BROKER_MAX_FDS];
-	ck_assert_int_eq(fs_broker_read(conn, e, fds, 3000), 1);
-	fs_broker_reply(conn, 0);
-	ck_assert_int_eq(fs_expect(&f, KVS_OP_LANE, 3000), 0);
+	lane = take_attach(&f);
 	fs_err(&f, KVS_OP_LANE, f.rq.id, KVS_E_UNKNOWN_OP, "op 'lane' is not served");
-	close(fds[0]);
-	close(conn);
+	close(lane);
 	ck_assert_uint_eq(client_stat(&f, c, "client_lane_up"), 0);
 	ck_assert_uint_eq(kvs_client_reconnects(c), 1);
 	close_client(&f, c);
