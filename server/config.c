@@ -100,6 +100,9 @@ static const kvs_config_key keys[] = {
 	 "device memory per GPU registration for staged copies, 4 slots (0: kernel only)"},
 	{"cuda-stage-min", KVS_CFG_SIZE, F(cuda_stage_min), 0, 0, 1ull << 40, "BYTES",
 	 "stage a job part when its L1 runs average at least this"},
+	{"copy-wave", KVS_CFG_SIZE, F(copy_wave), 0, 0, 1ull << 40, "BYTES",
+	 "a long job part goes to its copy engine in waves while the rest is planned: the first this "
+	 "large, each next up to 1.5x the last and 8x this (0: whole parts)"},
 	{"cuda-poll-us", KVS_CFG_COUNT, F(cuda_poll_us), sizeof(uint32_t), 0, 10000000, "US",
 	 "the loop polls a GPU copy's end instead of sleeping for this long after queueing it (0: host functions only)"},
 	{NULL, 0, 0, 0, 0, 0, NULL, NULL},

@@ -47,6 +47,9 @@ typedef struct kvs_copy_part {
 	const void *event; /* a producer event to wait for first (CUDA store), or NULL */
 	size_t event_len;
 	uint64_t deadline_ms; /* the job's deadline (kvs_now_ms clock): no wait beyond it */
+	uint64_t seq;         /* the rank's part this is a wave of (plan.h), or 0. Waves of one
+			       * part never copy to one place twice, so an engine need not order
+			       * one after another; `event` is the same on each */
 } kvs_copy_part;
 
 /* An engine, embedded first in the engine's own struct. submit queues the

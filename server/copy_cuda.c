@@ -790,7 +790,11 @@ void kvs_cuda_submit(kvs_cuda_engine *e, kvs_cuda_stream *s, const kvs_copy_part
 
 static void submit_part(kvs_cuda_engine *e, kvs_cuda_stream *s, const kvs_copy_part *part)
 {
-	if (producer_pending(e, s, part))
+	/* a later wave of the part queued just before: its producer event has
+	 * fired, and it needs no ordering against that wave (copy.h) */
+	bool cont = part->seq && part->seq == s->cont_seq;
+	s->cont_seq = 0;
+	if (!cont && producer_pending(e, s, part))
 		return;
 	/* L1 not pinned yet under this part: it waits for those slices (pinned
 	 * first) rather than going as pageable copies */
@@ -853,7 +857,11 @@ static void submit_part(kvs_cuda_engine *e, kvs_cuda_stream *s, const kvs_copy_p
 	CUstream first = dir == DIR_H2D ? s->dma : s->s, final = dir == DIR_D2H ? s->dma : s->s;
 	/* a submission that writes device memory, or follows one that did,
 	 * starts after the previous one (reads of device memory may overlap) */
-	if (s->stage && (writes || !s->last_read_only) && (r = CU(e, cuStreamWaitEvent)(first, s->last, 0)) != CUDA_SUCCESS)
+	/* a wave needs no ordering against the wave before it; against earlier
+	 * parts it is ordered by its stream when it starts on the same one */
+	bool ordered = cont && first == s->cont_first;
+	if (s->stage && !ordered && (writes || !s->last_read_only) &&
+	    (r = CU(e, cuStreamWaitEvent)(first, s->last, 0)) != CUDA_SUCCESS)
 		goto fail;
 	r = dir != DIR_NONE ? submit_staged(e, s, tasks, nt, dir == DIR_D2H, f) : submit_direct(e, s, tasks, nt, f);
 	if (r != CUDA_SUCCESS)
@@ -888,6 +896,8 @@ static void submit_part(kvs_cuda_engine *e, kvs_cuda_stream *s, const kvs_copy_p
 		CU(e, cuStreamSynchronize)(s->s);
 	}
 	s->last_read_only = !writes;
+	s->cont_seq = part->seq;
+	s->cont_first = first;
 	return;
 fail:
 	kvs_warn("copy failed: %s", kvs_cuda_strerror(r));

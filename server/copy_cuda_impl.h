@@ -107,6 +107,9 @@ struct kvs_cuda_stream {
 	CUevent full[STAGE_SLOTS], free_[STAGE_SLOTS], last;
 	uint32_t next_slot;
 	bool last_read_only; /* the previous submission wrote no device memory */
+	uint64_t cont_seq;   /* the previous submission was a wave of this part (copy.h seq), queued
+			      * at once after its producer event fired; 0: none */
+	CUstream cont_first; /* the stream that wave started on */
 	uint32_t h2d_staged; /* staged retrieve parts in flight */
 	bool stage_off;      /* staging unavailable on this stream */
 };

@@ -62,6 +62,8 @@ typedef struct kvs_part {
 	int fail_code;
 	kvs_copy_task **held;
 	uint32_t n_held;
+	uint64_t seq; /* this part's number for its copy engine (copy.h: its waves share it) */
+	const kvs_bytes *event; /* store: the producer event, while the request is being handled */
 } kvs_part;
 
 /* An open job. Invariant: it is in jobs->open iff it is not yet terminal;
@@ -104,6 +106,8 @@ struct kvs_jobs {
 	uint64_t retained; /* sum of part->retained over open jobs */
 	kvs_planner *planner;
 	uint64_t write_group; /* the write-behind group of the job finalising now */
+	uint64_t part_seq;    /* the last kvs_part.seq given */
+	kvs_plan_wave wave;   /* sizes of a long part's waves (take and arg set per part) */
 	kvs_jobs_stats st;
 };
 
@@ -134,6 +138,9 @@ int kvs_jobs_create(kvs_server *srv, kvs_jobs **ret)
 		r = kvs_planner_create(srv->l1, &j->planner);
 	if (!r)
 		kvs_planner_set_room(j->planner, shed_writes, srv);
+	const char *wv = getenv("KVS_COPY_WAVE"); /* experiments: overrides copy-wave */
+	j->wave.first = wv ? strtoull(wv, NULL, 0) : srv->cfg.copy_wave;
+	j->wave.max = 8 * j->wave.first;
 	if (r) {
 		kvs_htab_destroy(j->terminal);
 		kvs_htab_destroy(j->open);
@@ -422,28 +429,48 @@ static void task_done(kvs_cq_item *it);
 /* Hands a part's tasks to the registration's copy engine (chosen at
  * register): one batch on its CUDA stream for device memory (one launch,
  * one completion), the host pool for memfds. */
-static void engine_submit(const kvs_reg *g, const kvs_job *job, kvs_copy_task **tasks, uint32_t n,
-			  const kvs_bytes *event)
+static void engine_submit(const kvs_part *p, kvs_copy_task **tasks, uint32_t n, const kvs_bytes *event)
 {
 	if (!n)
 		return;
+	const kvs_job *job = p->job;
+	const kvs_reg *g = p->reg;
 	kvs_copy_part part = {.dir = job->kind == KVS_OP_STORE ? KVS_COPY_TO_L1 : KVS_COPY_FROM_L1, .tasks = tasks,
 			      .n_tasks = n, .event = event ? event->ptr : NULL, .event_len = event ? event->len : 0,
-			      .deadline_ms = job->deadline_ms};
+			      .deadline_ms = job->deadline_ms, .seq = p->seq};
 	KVS_TRACE(KVS_TP_SRV_SUBMIT, n);
 	g->engine->submit(g->engine, g->stream, &part);
 	KVS_TRACE(KVS_TP_SRV_QUEUED, n);
 }
 
+/* Hands tasks to the part's engine; they count as pending copies of the
+ * part from now on. */
 static void part_submit(kvs_server *srv, kvs_part *p, kvs_copy_task **tasks, uint32_t n)
 {
 	p->copies_pending += n;
-	srv->jobs->st.retrieve_objects += n;
+	if (p->job->kind == KVS_OP_STORE)
+		srv->jobs->st.store_objects += n;
+	else
+		srv->jobs->st.retrieve_objects += n;
 	for (uint32_t i = 0; i < n; i++) {
 		tasks[i]->owner = p;
 		tasks[i]->cq.done = task_done;
 	}
-	engine_submit(p->reg, p->job, tasks, n, NULL);
+	engine_submit(p, tasks, n, p->event);
+}
+
+/* A wave of a long part (plan.h): to the engine at once, unless the part
+ * waits for promotions (its copies are held until they all ended) or has
+ * failed already. */
+static bool wave_take(void *arg, kvs_copy_task **tasks, uint32_t n)
+{
+	kvs_part *p = arg;
+	if (p->promotes_pending || p->fail_code)
+		return false;
+	kvs_server *srv = p->job->srv;
+	part_submit(srv, p, tasks, n);
+	srv->jobs->st.copy_waves++;
+	return true;
 }
 
 /* A retrieve part whose promotions all ended: fail it or release its copies. */
@@ -533,6 +560,40 @@ static int source_fetch(void *arg, kvs_plan *pl, const kvs_objkey *key, const kv
 	return 0;
 }
 
+/* Plans a part against its registration g, which it leases from now on:
+ * waves of a long part reach the engine while the rest is planned. 0 or a
+ * code with pl->err (pl says what was taken and what is left). */
+static int part_plan(kvs_server *srv, kvs_session *s, const kvs_msg *rq, kvs_reg *g, kvs_part *p, kvs_plan *pl)
+{
+	kvs_jobs *J = srv->jobs;
+	int r;
+	p->reg = g;
+	kvs_reg_lease(g);
+	p->seq = ++J->part_seq;
+	p->event = rq->op == KVS_OP_STORE && rq->producer_event.len ? &rq->producer_event : NULL;
+	kvs_plan_wave wave = J->wave;
+	wave.take = wave_take;
+	wave.arg = p;
+	kvs_plan_who who = {.world = s->world, .rank = s->rank};
+	kvs_ns_digest(s->ns, who.ns);
+	if (rq->op == KVS_OP_STORE) {
+		r = kvs_plan_store(J->planner, &who, g, rq, &wave, pl);
+		J->st.store_skipped += pl->skipped;
+		J->st.store_staged += pl->staged;
+		return r;
+	}
+	kvs_plan_source src = {.present = source_present, .fetch = source_fetch, .arg = &(source_ctx){srv, p}};
+	r = kvs_plan_retrieve(J->planner, &who, g, rq, &src, &wave, pl);
+	/* the part owns what the source pinned (and promotions add to it) */
+	p->objs = pl->objs;
+	p->n_objs = pl->n_objs;
+	pl->objs = NULL;
+	pl->n_objs = 0;
+	if (pl->stopped && !p->fail_code)
+		p->fail_code = pl->stopped;
+	return r;
+}
+
 /* Store and retrieve share everything but the plan. */
 static int op_part(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
 {
@@ -599,37 +660,14 @@ static int op_part(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
 	p->present = true;
 	p->session = s->id;
 	memcpy(p->digest, dg, 16);
-	if (!r) {
-		kvs_plan_who who = {.world = s->world, .rank = s->rank};
-		kvs_ns_digest(s->ns, who.ns);
-		if (rq->op == KVS_OP_STORE) {
-			r = kvs_plan_store(J->planner, &who, g, rq, &pl);
-			J->st.store_skipped += pl.skipped;
-			J->st.store_staged += pl.staged;
-		} else {
-			kvs_plan_source src = {.present = source_present, .fetch = source_fetch,
-					       .arg = &(source_ctx){srv, p}};
-			r = kvs_plan_retrieve(J->planner, &who, g, rq, &src, &pl);
-			/* the part owns what the source pinned (and promotions add to it) */
-			p->objs = pl.objs;
-			p->n_objs = pl.n_objs;
-			pl.objs = NULL;
-			pl.n_objs = 0;
-			if (pl.stopped && !p->fail_code)
-				p->fail_code = pl.stopped;
-		}
-	}
-	if (r) {
-		if (srv->errbuf[0] == 0)
-			kvs__fail(srv, r, "%s", pl.err);
-		kvs_plan_undo(srv->l1, &pl, rq->op);
-		job_abort(srv, job, "rank %u part refused: %s", s->rank, kvs_error_name(r));
-		try_finalize(srv, job);
-		return r;
-	}
-	p->reg = g;
-	kvs_reg_lease(g);
-	if (rq->op == KVS_OP_STORE) {
+	if (!r)
+		r = part_plan(srv, s, rq, g, p, &pl);
+	kvs_copy_task **rest = pl.tasks + pl.handed; /* what no wave took */
+	uint32_t n_rest = pl.n_tasks - pl.handed;
+	if (rq->op == KVS_OP_STORE && (!r || pl.handed)) {
+		/* the part's objects: reserved now, committed or aborted with the
+		 * job (also when planning failed after waves began copying into
+		 * some of them: they stay reserved until those copies end) */
 		p->objs = pl.objs;
 		p->geoms = pl.geoms;
 		p->chunk = pl.chunk;
@@ -637,13 +675,25 @@ static int op_part(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
 		p->n_objs = pl.n_objs;
 		p->retained = pl.retained;
 		J->retained += pl.retained;
-		p->copies_pending = pl.n_tasks;
-		J->st.store_objects += pl.n_tasks;
-		for (uint32_t i = 0; i < pl.n_tasks; i++) {
-			pl.tasks[i]->owner = p;
-			pl.tasks[i]->cq.done = task_done;
-		}
-		engine_submit(g, job, pl.tasks, pl.n_tasks, rq->producer_event.len ? &rq->producer_event : NULL);
+		pl.objs = NULL;
+		pl.geoms = NULL;
+		pl.chunk = NULL;
+		pl.evh = NULL;
+		pl.n_objs = 0;
+		pl.retained = 0;
+	}
+	if (r) {
+		if (srv->errbuf[0] == 0)
+			kvs__fail(srv, r, "%s", pl.err);
+		p->event = NULL;
+		kvs_plan_undo(srv->l1, &pl, rq->op); /* what no wave took */
+		job_abort(srv, job, "rank %u part refused: %s", s->rank, kvs_error_name(r));
+		try_finalize(srv, job);
+		return r;
+	}
+	if (rq->op == KVS_OP_STORE) {
+		part_submit(srv, p, rest, n_rest);
+		p->event = NULL;
 		free(pl.tasks);
 		if (!rq->complete) {
 			reply_state(srv, s, rq, KVS_JOB_OPEN);
@@ -660,6 +710,7 @@ static int op_part(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
 	}
 	/* retrieve: answered once the bytes are in place (or it failed) */
 	p->reply_id = rq->id;
+	/* no wave was taken while promotions were pending or after a failure */
 	if (p->promotes_pending) {
 		p->held = pl.tasks;
 		p->n_held = pl.n_tasks;
@@ -676,7 +727,7 @@ static int op_part(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
 				 : code == KVS_E_MISS ? "a chunk is being stored by another job"
 						      : "internal failure while promoting L2 chunks");
 	}
-	part_submit(srv, p, pl.tasks, pl.n_tasks);
+	part_submit(srv, p, rest, n_rest);
 	free(pl.tasks);
 	if (!p->copies_pending) {
 		p->reply_id = 0;

@@ -36,6 +36,7 @@ typedef struct kvs_jobs_stats {
 	uint64_t copy_bytes_dir[2][2]; /* [0 store (device->L1) / 1 retrieve][0 host / 1 cuda] */
 	uint64_t parts, part_ns; /* store/retrieve parts accepted; loop time doing so */
 	uint64_t writes_shed;    /* pending L2 writes dropped to make room for a store */
+	uint64_t copy_waves;     /* waves of long parts given to an engine while the rest was planned */
 } kvs_jobs_stats;
 void kvs_jobs_get_stats(const kvs_jobs *j, kvs_jobs_stats *st);
 

@@ -115,6 +115,8 @@ static const family families[] = {
 	 {{"store_staged", ""}}},
 	{"retrieve_objects_total", "counter", "Objects copied out of L1 by retrieve parts.", 0,
 	 {{"retrieve_objects", ""}}},
+	{"copy_waves_total", "counter", "Waves of long job parts given to a copy engine while the rest was planned.",
+	 0, {{"copy_waves", ""}}},
 	{"copy_bytes_total", "counter", "Bytes copied by a copy engine, by engine.", 0,
 	 {{"copy_bytes_host", "engine=\"host\""}}},
 	{"copy_throughput_bytes_per_second", "gauge",

@@ -140,6 +140,36 @@ static void seg_add(kvs_copy_seg *segs, uint32_t *n, uint8_t *dst, const uint8_t
 		segs[(*n)++] = (kvs_copy_seg){dst, src, len};
 }
 
+/* Waves in progress (plan.h): the current wave's size and the L1 bytes of
+ * the tasks planned since the last hand-over. */
+typedef struct wave_state {
+	const kvs_plan_wave *w; /* NULL: no waves */
+	uint64_t size, bytes;
+} wave_state;
+
+static void wave_init(wave_state *ws, const kvs_plan_wave *w)
+{
+	*ws = (wave_state){.w = w && w->first && w->take ? w : NULL};
+	if (ws->w)
+		ws->size = w->first;
+}
+
+/* Before another task is planned: offers the tasks planned since the last
+ * wave once they fill the current one. */
+static void wave_offer(wave_state *ws, kvs_plan *pl)
+{
+	if (!ws->w || ws->bytes < ws->size || pl->handed == pl->n_tasks)
+		return;
+	if (!ws->w->take(ws->w->arg, pl->tasks + pl->handed, pl->n_tasks - pl->handed))
+		return;
+	pl->handed = pl->n_tasks;
+	ws->bytes = 0;
+	uint64_t next = ws->size + ws->size / 2;
+	ws->size = next < ws->w->max ? next : ws->w->max;
+	if (ws->size < ws->w->first)
+		ws->size = ws->w->first;
+}
+
 static kvs_copy_task *task_new(uint64_t max_segs)
 {
 	kvs_copy_task *t = calloc(1, sizeof(*t));
@@ -206,8 +236,11 @@ static int store_range(const kvs_reg_group *G, uint32_t gi, uint32_t k, const in
 	return 0;
 }
 
-int kvs_plan_store(kvs_planner *P, const kvs_plan_who *who, const kvs_reg *g, const kvs_msg *rq, kvs_plan *pl)
+int kvs_plan_store(kvs_planner *P, const kvs_plan_who *who, const kvs_reg *g, const kvs_msg *rq,
+		   const kvs_plan_wave *wave, kvs_plan *pl)
 {
+	wave_state ws;
+	wave_init(&ws, wave);
 	uint64_t max = (uint64_t)rq->n_keys * g->n_groups;
 	pl->objs = calloc(max ? max : 1, sizeof(*pl->objs));
 	pl->geoms = calloc(max ? max : 1, sizeof(*pl->geoms));
@@ -234,6 +267,7 @@ int kvs_plan_store(kvs_planner *P, const kvs_plan_who *who, const kvs_reg *g, co
 		pl->retained += d;
 		for (uint32_t k = 0; k < rq->n_keys; k++) {
 			const int64_t *ids = rq->blocks.ids[gi] + (size_t)k * bpc;
+			wave_offer(&ws, pl);
 			uint32_t b0 = 0, b1 = 0;
 			int r = store_range(G, gi, k, ids, &b0, &b1, pl);
 			if (r == 1)
@@ -267,6 +301,7 @@ int kvs_plan_store(kvs_planner *P, const kvs_plan_who *who, const kvs_reg *g, co
 				}
 			}
 			pl->tasks[pl->n_tasks++] = t;
+			ws.bytes += t->l1_len;
 		}
 	}
 	return 0;
@@ -355,43 +390,75 @@ static void retrieve_segs(const kvs_reg *g, const kvs_reg_group *G, const int64_
 }
 
 int kvs_plan_retrieve(kvs_planner *P, const kvs_plan_who *who, const kvs_reg *g, const kvs_msg *rq,
-		      const kvs_plan_source *src, kvs_plan *pl)
+		      const kvs_plan_source *src, const kvs_plan_wave *wave, kvs_plan *pl)
 {
 	(void)P;
 	int r = retrieve_present(who, g, rq, src, pl);
 	if (r)
 		return r;
 	uint64_t max = (uint64_t)rq->n_keys * g->n_groups;
+	const uint8_t **from = calloc(max ? max : 1, sizeof(*from)); /* per (group, chunk): NULL = not written */
 	pl->objs = calloc(max ? max : 1, sizeof(*pl->objs));
 	pl->tasks = calloc(max ? max : 1, sizeof(*pl->tasks));
-	if (!pl->objs || !pl->tasks)
+	if (!from || !pl->objs || !pl->tasks) {
+		free(from);
 		return fail(pl, KVS_E_INTERNAL, "out of memory");
-	/* pass 2: fetch (pin or promote), build the copies */
+	}
+	/* pass 2: fetch (pin or promote) every object first, so that a part
+	 * that stops has not started a copy; pass 3 builds the copies */
+	bool want[4096];
 	for (uint32_t gi = 0; gi < g->n_groups && !pl->stopped; gi++) {
 		const kvs_reg_group *G = &g->groups[gi];
 		uint32_t bpc = G->desc.blocks_per_chunk;
 		for (uint32_t k = 0; k < rq->n_keys && !pl->stopped; k++) {
 			const int64_t *ids = rq->blocks.ids[gi] + (size_t)k * bpc;
-			bool want[4096];
-			int nw = wanted(G, rq->n_keys, k, ids, rq->skip_tokens, want);
-			if (nw <= 0)
+			if (wanted(G, rq->n_keys, k, ids, rq->skip_tokens, want) <= 0)
 				continue;
 			kvs_objkey key;
 			kvs_obj_key(&key, who->ns, who->world, who->rank, G->desc.id, rq->keys + (size_t)k * KVS_KEY_BYTES);
-			const uint8_t *from;
-			if ((pl->stopped = src->fetch(src->arg, pl, &key, G, &from)) != 0)
-				break;
-			kvs_copy_task *t = task_new((uint64_t)G->n_layers * (uint32_t)nw);
+			pl->stopped = src->fetch(src->arg, pl, &key, G, &from[(size_t)gi * rq->n_keys + k]);
+		}
+	}
+	/* pass 3: every task allocated first (nothing can fail once a wave
+	 * was taken), then the copies built and offered in waves */
+	for (uint32_t gi = 0; gi < g->n_groups && !pl->stopped; gi++) {
+		const kvs_reg_group *G = &g->groups[gi];
+		for (uint32_t k = 0; k < rq->n_keys && !pl->stopped; k++) {
+			const uint8_t *obj = from[(size_t)gi * rq->n_keys + k];
+			if (!obj)
+				continue;
+			kvs_copy_task *t = task_new((uint64_t)G->n_layers * G->desc.blocks_per_chunk);
 			if (!t) {
 				pl->stopped = KVS_E_INTERNAL;
 				break;
 			}
-			t->l1 = (uint8_t *)from;
+			t->l1 = (uint8_t *)obj;
 			t->l1_len = G->obj_bytes;
-			retrieve_segs(g, G, ids, want, from, t);
 			pl->tasks[pl->n_tasks++] = t;
 		}
 	}
+	wave_state ws;
+	wave_init(&ws, wave);
+	uint32_t ti = 0, built = pl->n_tasks;
+	pl->n_tasks = 0; /* counts the tasks built; the rest are empty */
+	for (uint32_t gi = 0; gi < g->n_groups && !pl->stopped; gi++) {
+		const kvs_reg_group *G = &g->groups[gi];
+		uint32_t bpc = G->desc.blocks_per_chunk;
+		for (uint32_t k = 0; k < rq->n_keys && ti < built; k++) {
+			if (!from[(size_t)gi * rq->n_keys + k])
+				continue;
+			const int64_t *ids = rq->blocks.ids[gi] + (size_t)k * bpc;
+			(void)wanted(G, rq->n_keys, k, ids, rq->skip_tokens, want);
+			wave_offer(&ws, pl);
+			kvs_copy_task *t = pl->tasks[ti++];
+			retrieve_segs(g, G, ids, want, t->l1, t);
+			pl->n_tasks++;
+			ws.bytes += t->l1_len;
+		}
+	}
+	if (pl->stopped)
+		pl->n_tasks = built; /* none was offered: all freed by the caller */
+	free(from);
 	return 0;
 }
 
@@ -412,7 +479,11 @@ void kvs_plan_undo(kvs_l1 *l1, kvs_plan *pl, kvs_op kind)
 		else
 			kvs_l1_unpin(l1, pl->objs[i]);
 	}
-	kvs_plan_free_tasks(pl->tasks, pl->n_tasks);
+	for (uint32_t i = pl->handed; i < pl->n_tasks; i++) {
+		free(pl->tasks[i]->segs);
+		free(pl->tasks[i]);
+	}
+	free(pl->tasks);
 	free(pl->objs);
 	free(pl->geoms);
 	free(pl->chunk);

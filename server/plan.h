@@ -11,6 +11,7 @@
 #ifndef KVS_PLAN_H
 #define KVS_PLAN_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "copy.h"
@@ -28,6 +29,7 @@ typedef struct kvs_plan {
 	uint32_t n_objs;
 	kvs_copy_task **tasks;
 	uint32_t n_tasks;
+	uint32_t handed;    /* tasks[0..handed) went to the wave's take() and are not the plan's */
 	uint64_t retained;  /* store: distinct non-null source blocks */
 	uint32_t skipped;   /* store: objects already cached (no copy) */
 	uint32_t staged;    /* store: objects another job is storing (private copy) */
@@ -52,6 +54,25 @@ typedef struct kvs_plan_source {
 	void *arg;
 } kvs_plan_source;
 
+/* Waves (optional): a long part's copies start while the rest of it is
+ * still being planned. Whenever the tasks planned since the last wave cover
+ * at least the wave's size in L1 bytes and more of the part is to come, the
+ * planner offers them to take(), which either takes them (true: they are
+ * handed to a copy engine and owned there) or leaves them with the plan
+ * (false; offered again with the next wave). The first wave is `first`
+ * bytes, each later one at most 1.5 times the one before and at most `max`:
+ * the planner then stays ahead of copies that each wave overlaps. The last
+ * tasks always stay with the plan for the caller. A store part may fail
+ * after waves were taken (no room in L1): the caller must then keep the
+ * objects of the taken tasks reserved until their copies end. A retrieve
+ * offers waves only after every object was fetched, so a retrieve that
+ * fails has taken none. */
+typedef struct kvs_plan_wave {
+	uint64_t first, max;
+	bool (*take)(void *arg, kvs_copy_task **tasks, uint32_t n);
+	void *arg;
+} kvs_plan_wave;
+
 int kvs_planner_create(kvs_l1 *l1, kvs_planner **ret);
 void kvs_planner_destroy(kvs_planner *p);
 /* Asked when L1 has no room for a store's object: release up to `bytes` of
@@ -70,15 +91,17 @@ int kvs_plan_check(kvs_planner *p, const kvs_reg *g, const kvs_msg *rq, kvs_plan
 /* A store part: one reserved L1 object per (key, group) with blocks, its
  * blocks gathered layer by layer. 0, or KVS_E_GEOMETRY / KVS_E_NOSPACE /
  * KVS_E_INTERNAL with pl->err. */
-int kvs_plan_store(kvs_planner *p, const kvs_plan_who *who, const kvs_reg *g, const kvs_msg *rq, kvs_plan *pl);
+int kvs_plan_store(kvs_planner *p, const kvs_plan_who *who, const kvs_reg *g, const kvs_msg *rq,
+		   const kvs_plan_wave *wave, kvs_plan *pl);
 /* A retrieve part: every needed object present (else KVS_E_MISS, nothing
  * fetched), then fetched and scattered; blocks wholly inside skip_tokens
  * and null destinations are not written. 0 (see pl->stopped), or
  * KVS_E_MISS / KVS_E_GEOMETRY / KVS_E_LIMIT / KVS_E_INTERNAL with pl->err. */
 int kvs_plan_retrieve(kvs_planner *p, const kvs_plan_who *who, const kvs_reg *g, const kvs_msg *rq,
-		      const kvs_plan_source *src, kvs_plan *pl);
+		      const kvs_plan_source *src, const kvs_plan_wave *wave, kvs_plan *pl);
 /* Releases what a plan holds: aborts reserved objects (store) or unpins
- * (retrieve), frees tasks and arrays. The plan is zeroed. */
+ * (retrieve), frees the tasks not handed over and the arrays. The plan is
+ * zeroed. Only for a plan none of whose tasks were taken by a wave. */
 void kvs_plan_undo(kvs_l1 *l1, kvs_plan *pl, kvs_op kind);
 /* Frees n tasks and the array. */
 void kvs_plan_free_tasks(kvs_copy_task **tasks, uint32_t n);

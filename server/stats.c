@@ -94,6 +94,7 @@ uint32_t kvs__stats_collect(kvs_server *srv, kvs_counter *c, char (*names)[32])
 	C("job_parts", js.parts);
 	C("job_part_us", js.part_ns / 1000);
 	C("retrieve_objects", js.retrieve_objects);
+	C("copy_waves", js.copy_waves);
 	C("copy_bytes", js.copy_bytes);
 	C("copy_bytes_store_host", js.copy_bytes_dir[0][0]);
 	C("copy_bytes_retrieve_host", js.copy_bytes_dir[1][0]);

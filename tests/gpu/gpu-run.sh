@@ -8,6 +8,7 @@
 #                                 logs in ${OUT:-gpu-logs}/
 #                                 (nvidia-smi.txt, gpu-suite-<path>.log, gpu-preload.log,
 #                                 gpu-bench.md, gpu-bench.err)
+#   tests/gpu/gpu-run.sh remote-suite the GPU suite alone, per copy path (SUITE_PATHS)
 #   tests/gpu/gpu-run.sh remote-event stores after late and never-firing CUDA
 #                                 producer events (test_gpu_event): gpu-event.log
 #   tests/gpu/gpu-run.sh remote-trace one rank, one job in flight, per block size
@@ -56,6 +57,31 @@ python_libs() {
   done
   export LD_LIBRARY_PATH=$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 }
+# The GPU suite once per copy path (SUITE_PATHS): the default choice, every
+# part staged through tiny slots (segments cut at slot ends, slots reused many
+# times), the kernel alone, completions by host functions only (the loop does
+# not poll end events: the path every part takes while pinning runs), and
+# every part of more than one object handed to the engine in waves, staged
+# through tiny slots and by the kernel alone (copy-wave, plan.h).
+suite_paths() {
+  local rc=0 v r
+  for v in ${SUITE_PATHS:-default staged-tiny kernel-only callbacks waves waves-kernel}; do
+    case $v in
+      default) envs=() ;;
+      staged-tiny) envs=(KVS_CUDA_STAGE_MIN=0 KVS_CUDA_STAGE_BYTES=81920) ;;
+      kernel-only) envs=(KVS_CUDA_STAGE_BYTES=0) ;;
+      callbacks) envs=(KVS_CUDA_POLL_US=0) ;;
+      waves) envs=(KVS_COPY_WAVE=4096 KVS_CUDA_STAGE_MIN=0 KVS_CUDA_STAGE_BYTES=81920) ;;
+      waves-kernel) envs=(KVS_COPY_WAVE=4096 KVS_CUDA_STAGE_BYTES=0) ;;
+    esac
+    r=0
+    env "${envs[@]}" timeout 300 build/tests/gpu/test_gpu > "$out/gpu-suite-$v.log" 2>&1 || r=$?
+    [ $r -eq 0 ] || rc=$r
+    echo "gpu suite ($v ${envs[*]}): exit $r"; grep -Ev '^[0-9]{4}-[0-9]{2}-[0-9]{2}T' "$out/gpu-suite-$v.log" | tail -12
+  done
+  return $rc
+}
+
 case "${1:-}" in
 local)
   [ -d build ] || meson setup build >/dev/null
@@ -74,22 +100,7 @@ remote)
   mkdir -p "$out"
   nvidia-smi > "$out/nvidia-smi.txt" 2>&1
   rc=0
-  # the suite once per copy path: the default choice, every part staged
-  # through tiny slots (segments cut at slot ends, slots reused many times),
-  # the kernel alone, and completions by host functions only (the loop does
-  # not poll end events: the path every part takes while pinning runs)
-  for v in ${SUITE_PATHS:-default staged-tiny kernel-only callbacks}; do
-    case $v in
-      default) envs=() ;;
-      staged-tiny) envs=(KVS_CUDA_STAGE_MIN=0 KVS_CUDA_STAGE_BYTES=81920) ;;
-      kernel-only) envs=(KVS_CUDA_STAGE_BYTES=0) ;;
-      callbacks) envs=(KVS_CUDA_POLL_US=0) ;;
-    esac
-    r=0
-    env "${envs[@]}" timeout 300 build/tests/gpu/test_gpu > "$out/gpu-suite-$v.log" 2>&1 || r=$?
-    [ $r -eq 0 ] || rc=$r
-    echo "gpu suite ($v ${envs[*]}): exit $r"; grep -Ev '^[0-9]{4}-[0-9]{2}-[0-9]{2}T' "$out/gpu-suite-$v.log" | tail -12
-  done
+  suite_paths || rc=$?
   # no stall at start-up with the largest L1 this machine allows (issue 18)
   r=0
   timeout 150 tests/gpu/test_startup.sh build/tests/bench/kvside-bench > "$out/gpu-startup.log" 2>&1 || r=$?
@@ -109,6 +120,15 @@ remote)
   timeout 900 build/tests/bench/kvside-bench gpu ${BENCH_ARGS:-} > "$out/gpu-bench.md" 2> "$out/gpu-bench.err" || rc=$?
   cat "$out/gpu-bench.md"
   exit $rc
+  ;;
+remote-suite)
+  # the GPU suite alone, once per SUITE_PATHS entry
+  export LD_LIBRARY_PATH=$PWD/.gpu-bundle/lib:${LD_LIBRARY_PATH:-}
+  export KVS_SERVER=$PWD/build/server/kvside-server
+  out=${OUT:-gpu-logs}
+  mkdir -p "$out"
+  suite_paths
+  exit $?
   ;;
 remote-event)
   # stores after CUDA producer events (late, never firing): test_gpu_event

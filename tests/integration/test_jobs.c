@@ -34,6 +34,15 @@ static void world_up(world *w, const char *ttl, const char *deadline, const char
 		ck_assert_int_eq(kvt_rank_start(&w->r[i], &w->s, "E", i, W), 0);
 }
 
+/* Parts go to the copy engine in waves when KVS_COPY_WAVE makes them
+ * smaller than these parts (the `jobs-waves` run); by default they are
+ * longer than these parts: none. */
+static bool waves_expected(void)
+{
+	const char *v = getenv("KVS_COPY_WAVE");
+	return v && strtoull(v, NULL, 0) > 0 && strtoull(v, NULL, 0) < (64u << 10);
+}
+
 /* Every client has its job lane, unless KVS_LANE=0 (protocol.md §18). */
 static uint64_t lanes_expected(void)
 {
@@ -129,6 +138,10 @@ START_TEST(store_lookup_retrieve_roundtrip)
 	ck_assert_uint_eq(kvt_stat(w.sched, "jobs_open"), 0);
 	ck_assert_uint_eq(kvt_stat(w.sched, "retained_blocks"), 0);
 	ck_assert_uint_eq(kvt_stat(w.sched, "jobs_committed"), 3);
+	if (waves_expected())
+		ck_assert_uint_gt(kvt_stat(w.sched, "copy_waves"), 0);
+	else
+		ck_assert_uint_eq(kvt_stat(w.sched, "copy_waves"), 0);
 	world_down(&w);
 }
 END_TEST
@@ -246,6 +259,72 @@ START_TEST(part_carries_its_complete)
 	ck_assert_uint_eq(kvt_stat(w.sched, "l1_objects"), objs);
 	ck_assert_uint_eq(kvt_stat(w.sched, "jobs_open"), 0);
 	ck_assert_uint_eq(kvt_stat(w.sched, "retained_blocks"), 0);
+	world_down(&w);
+}
+END_TEST
+
+/* A store part that runs out of L1 after waves of it began copying: the
+ * part is refused (E_NOSPACE), its job aborts once those copies ended, and
+ * none of its objects stays reserved or becomes visible; the server goes on. */
+START_TEST(store_nospace_after_waves)
+{
+	world w;
+	kvt_server_init(&w.s, "--ttl-ms", "3000", "--heartbeat-ms", "100", "--l1-size", "1M", "--copy-wave", "20000",
+			NULL);
+	ck_assert_int_eq(kvt_server_start(&w.s), 0);
+	w.sched = kvt_client(&w.s, "E", KVS_ROLE_SCHEDULER, 0, W, NULL, NULL);
+	ck_assert_ptr_nonnull(w.sched);
+	for (uint32_t i = 0; i < W; i++)
+		ck_assert_int_eq(kvt_rank_start(&w.r[i], &w.s, "E", i, W), 0);
+	/* a chunk is a 20 KiB object of group 0 and a 12 KiB one of group 1;
+	 * job 70 holds 24 chunks (768 KiB) reserved while it is open */
+	kvt_res res;
+	kvt_cmd a0 = {.op = KVT_STORE, .job = 70, .n_keys = 16, .src_base = 0};
+	kvt_cmd a2 = {.op = KVT_STORE, .job = 70, .first_key = 16, .n_keys = 8, .src_base = 0};
+	ck_assert_int_eq(kvt_rank_do(&w.r[0], &a0, &res), 0);
+	ck_assert_int_eq(res.code, 0);
+	ck_assert_int_eq(kvt_rank_do(&w.r[2], &a2, &res), 0);
+	ck_assert_int_eq(res.code, 0);
+	uint64_t reserved = kvt_stat(w.sched, "l1_objects_reserved");
+	ck_assert_uint_eq(reserved, 48);
+	/* job 71's 16 chunks find room for 12 of group 0's objects: waves of
+	 * 1, 2, 3 and 4 objects went to the copy engine before the 13th */
+	kvt_cmd b1 = {.op = KVT_STORE, .job = 71, .first_key = 32, .n_keys = 16, .src_base = 0};
+	uint64_t waves = kvt_stat(w.sched, "copy_waves");
+	ck_assert_uint_gt(waves, 0); /* job 70's parts went in waves too */
+	ck_assert_int_eq(kvt_rank_do(&w.r[1], &b1, &res), 0);
+	ck_assert_int_eq(res.code, KVS_E_NOSPACE);
+	ck_assert_uint_eq(kvt_stat(w.sched, "copy_waves") - waves, 4);
+	ck_assert_int_eq(wait_job(&w, 71, 5000), KVS_JOB_ABORTED);
+	ck_assert_uint_eq(kvt_stat(w.sched, "l1_objects_reserved"), reserved);
+	ck_assert_uint_eq(kvt_stat(w.sched, "jobs_open"), 1);
+	/* the other ranks' parts for it: told the job aborted */
+	for (uint32_t i = 0; i < W; i++) {
+		if (i == 1)
+			continue;
+		ck_assert_int_eq(kvt_rank_do(&w.r[i], &b1, &res), 0);
+		ck_assert_int_eq(res.code, 0);
+		ck_assert_int_eq(res.state, KVS_JOB_ABORTED);
+	}
+	all_do(&w, (kvt_cmd){.op = KVT_COMPLETE, .job = 70, .ok = 0}, 0, -1);
+	ck_assert_int_eq(wait_job(&w, 70, 5000), KVS_JOB_ABORTED);
+	ck_assert_uint_eq(kvt_stat(w.sched, "l1_objects_reserved"), 0);
+	ck_assert_uint_eq(kvt_stat(w.sched, "l1_objects"), 0);
+	ck_assert_uint_eq(kvt_stat(w.sched, "jobs_open"), 0);
+	ck_assert_uint_eq(kvt_stat(w.sched, "retained_blocks"), 0);
+	ck_assert_uint_eq(lookup(w.sched, 32, 16), 0);
+	/* a job that fits commits (6 chunks, 192 KiB per rank: in waves), byte-exact */
+	all_do(&w, (kvt_cmd){.op = KVT_STORE, .job = 73, .first_key = 32, .n_keys = 6, .src_base = 0}, 0, KVS_JOB_OPEN);
+	all_do(&w, (kvt_cmd){.op = KVT_COMPLETE, .job = 73, .ok = 1}, 0, -1);
+	ck_assert_int_eq(wait_job(&w, 73, 5000), KVS_JOB_COMMITTED);
+	all_do(&w, (kvt_cmd){.op = KVT_RETRIEVE, .job = 74, .first_key = 32, .n_keys = 6, .dst_base = 32}, 0, KVS_JOB_OPEN);
+	all_do(&w, (kvt_cmd){.op = KVT_COMPLETE, .job = 74, .ok = 1}, 0, -1);
+	ck_assert_int_eq(wait_job(&w, 74, 5000), KVS_JOB_COMMITTED);
+	for (uint32_t i = 0; i < W; i++) {
+		kvt_cmd v = {.op = KVT_VERIFY, .first_key = 32, .n_keys = 6, .src_base = 0, .dst_base = 32};
+		ck_assert_int_eq(kvt_rank_do(&w.r[i], &v, &res), 0);
+		ck_assert_msg(res.value == 0, "rank %u: %llu bytes differ", i, (unsigned long long)res.value);
+	}
 	world_down(&w);
 }
 END_TEST
@@ -556,6 +635,7 @@ static Suite *jobs_suite(void)
 	tcase_add_test(tc, store_lookup_retrieve_roundtrip);
 	tcase_add_test(tc, part_and_complete_back_to_back);
 	tcase_add_test(tc, part_carries_its_complete);
+	tcase_add_test(tc, store_nospace_after_waves);
 	tcase_add_test(tc, concurrent_overlapping_stores);
 	tcase_add_test(tc, killed_rank_aborts_job);
 	tcase_add_test(tc, repeats_after_terminal_change_nothing);

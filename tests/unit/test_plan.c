@@ -516,7 +516,7 @@ START_TEST(store_attention_layout)
 	req_list(&r, b, 3);
 	kvs_plan pl = {0};
 	EXPECT(kvs_plan_check(f.P, &f.g, &r.m, &pl), 0);
-	EXPECT(kvs_plan_store(f.P, &f.who, &f.g, &r.m, &pl), 0);
+	EXPECT(kvs_plan_store(f.P, &f.who, &f.g, &r.m, NULL, &pl), 0);
 	ck_assert_uint_eq(pl.n_objs, 6);
 	ck_assert_uint_eq(pl.n_tasks, 6);
 	ck_assert_uint_eq(pl.skipped, 0);
@@ -550,7 +550,7 @@ START_TEST(store_attention_layout)
 	ck_assert_uint_eq(l1st(&f).objects, 0);
 	ck_assert_uint_eq(l1st(&f).bytes_used, 0);
 	/* retention is counted afresh by the next plan */
-	EXPECT(kvs_plan_store(f.P, &f.who, &f.g, &r.m, &pl), 0);
+	EXPECT(kvs_plan_store(f.P, &f.who, &f.g, &r.m, NULL, &pl), 0);
 	ck_assert_uint_eq(pl.retained, 6 + 2);
 	kvs_plan_undo(f.l1, &pl, KVS_OP_STORE);
 	fx_done(&f);
@@ -575,7 +575,7 @@ START_TEST(store_segments_merge)
 	req_list(&r, ids, 12);
 	kvs_plan pl = {0};
 	EXPECT(kvs_plan_check(f.P, &f.g, &r.m, &pl), 0);
-	EXPECT(kvs_plan_store(f.P, &f.who, &f.g, &r.m, &pl), 0);
+	EXPECT(kvs_plan_store(f.P, &f.who, &f.g, &r.m, NULL, &pl), 0);
 	run_store(&f, &pl);
 	check_stored(&f, &pl, G, 0, ids + 0, 1 + 1 + 4);
 	check_stored(&f, &pl, G, 1, ids + 4, 2 + 2 + 4);
@@ -601,7 +601,7 @@ START_TEST(store_event_hashes)
 	r.m.event_hashes = r.evh;
 	r.m.n_event_hashes = 3;
 	kvs_plan pl = {0};
-	EXPECT(kvs_plan_store(f.P, &f.who, &f.g, &r.m, &pl), 0);
+	EXPECT(kvs_plan_store(f.P, &f.who, &f.g, &r.m, NULL, &pl), 0);
 	ck_assert_uint_eq(pl.n_objs, 5); /* A's chunk 1 is all null */
 	ck_assert_ptr_nonnull(pl.evh);
 	for (uint32_t i = 0; i < pl.n_objs; i++) {
@@ -618,7 +618,7 @@ START_TEST(store_event_hashes)
 	/* one hash per key, or none */
 	for (uint32_t n = 1; n <= 4; n += 3) {
 		r.m.n_event_hashes = n == 1 ? 2 : 4;
-		EXPECT(kvs_plan_store(f.P, &f.who, &f.g, &r.m, &pl), KVS_E_GEOMETRY);
+		EXPECT(kvs_plan_store(f.P, &f.who, &f.g, &r.m, NULL, &pl), KVS_E_GEOMETRY);
 		ERR_HAS("event_hashes");
 		ck_assert_uint_eq(pl.n_objs, 0);
 		ck_assert_uint_eq(l1st(&f).objects, 0);
@@ -642,7 +642,7 @@ START_TEST(store_recurrent)
 	req_list(&r, ids, 12);
 	kvs_plan pl = {0};
 	EXPECT(kvs_plan_check(f.P, &f.g, &r.m, &pl), 0);
-	EXPECT(kvs_plan_store(f.P, &f.who, &f.g, &r.m, &pl), 0);
+	EXPECT(kvs_plan_store(f.P, &f.who, &f.g, &r.m, NULL, &pl), 0);
 	ck_assert_uint_eq(pl.n_objs, 2);
 	ck_assert_uint_eq(pl.retained, 2);
 	run_store(&f, &pl);
@@ -667,7 +667,7 @@ START_TEST(store_recurrent)
 		}
 		r.m.blocks.ids[0] = two;
 		EXPECT(kvs_plan_check(f.P, &f.g, &r.m, &pl), 0); /* the shape is the store's to judge */
-		EXPECT(kvs_plan_store(f.P, &f.who, &f.g, &r.m, &pl), KVS_E_GEOMETRY);
+		EXPECT(kvs_plan_store(f.P, &f.who, &f.g, &r.m, NULL, &pl), KVS_E_GEOMETRY);
 		ERR_HAS("exactly one expected");
 		ck_assert_uint_eq(pl.n_objs, (uint32_t)(k == 1 || k == 2 ? 1 : 0)); /* what was done so far */
 		kvs_plan_undo(f.l1, &pl, KVS_OP_STORE);
@@ -689,7 +689,7 @@ START_TEST(store_attention_nulls)
 	req_init(&r, KVS_OP_STORE, 3, 0);
 	req_list(&r, ids, 6);
 	kvs_plan pl = {0};
-	EXPECT(kvs_plan_store(f.P, &f.who, &f.g, &r.m, &pl), 0);
+	EXPECT(kvs_plan_store(f.P, &f.who, &f.g, &r.m, NULL, &pl), 0);
 	ck_assert_uint_eq(pl.n_objs, 1); /* chunks of nulls are skipped */
 	ck_assert_uint_eq(pl.skipped, 0);  /* (not counted as cached) */
 	ck_assert_uint_eq(pl.retained, 2);
@@ -702,7 +702,7 @@ START_TEST(store_attention_nulls)
 		int64_t mixed[6] = {1, 2, 5, 6, 0, 0};
 		mixed[4 + pos] = 9;
 		r.m.blocks.ids[0] = mixed;
-		EXPECT(kvs_plan_store(f.P, &f.who, &f.g, &r.m, &pl), KVS_E_GEOMETRY);
+		EXPECT(kvs_plan_store(f.P, &f.who, &f.g, &r.m, NULL, &pl), KVS_E_GEOMETRY);
 		ERR_HAS("chunk 2 mixes null and real blocks");
 		ck_assert_uint_eq(pl.n_objs, 2);
 		ck_assert_uint_eq(l1st(&f).objects_reserved, 2);
@@ -726,7 +726,7 @@ START_TEST(store_skips_cached)
 	req_init(&r, KVS_OP_STORE, 3, 0);
 	req_list(&r, ids, 6);
 	kvs_plan pl = {0};
-	EXPECT(kvs_plan_store(f.P, &f.who, &f.g, &r.m, &pl), 0);
+	EXPECT(kvs_plan_store(f.P, &f.who, &f.g, &r.m, NULL, &pl), 0);
 	ck_assert_uint_eq(pl.n_objs, 2);
 	ck_assert_uint_eq(pl.n_tasks, 2);
 	ck_assert_uint_eq(pl.skipped, 1);
@@ -758,7 +758,7 @@ START_TEST(store_stages_reserved)
 	req_init(&r, KVS_OP_STORE, 3, 0);
 	req_list(&r, ids, 6);
 	kvs_plan pl = {0}, pl2 = {0};
-	EXPECT(kvs_plan_store(f.P, &f.who, &f.g, &r.m, &pl), 0);
+	EXPECT(kvs_plan_store(f.P, &f.who, &f.g, &r.m, NULL, &pl), 0);
 	ck_assert_uint_eq(pl.n_objs, 3);
 	ck_assert_uint_eq(pl.staged, 1);
 	ck_assert_uint_eq(pl.skipped, 0);
@@ -787,7 +787,7 @@ START_TEST(store_stages_reserved)
 
 	/* a second store of the same chunks while both are reserved: every
 	 * object staged, each under a pad of its own */
-	EXPECT(kvs_plan_store(f.P, &f.who, &f.g, &r.m, &pl2), 0);
+	EXPECT(kvs_plan_store(f.P, &f.who, &f.g, &r.m, NULL, &pl2), 0);
 	ck_assert_uint_eq(pl2.n_objs, 3);
 	ck_assert_uint_eq(pl2.staged, 3);
 	uint32_t pads[4] = {pad1};
@@ -824,7 +824,7 @@ START_TEST(store_nospace)
 	req_init(&r, KVS_OP_STORE, 6, 0);
 	req_list(&r, ids, 12);
 	kvs_plan pl = {0};
-	EXPECT(kvs_plan_store(f.P, &f.who, &f.g, &r.m, &pl), KVS_E_NOSPACE);
+	EXPECT(kvs_plan_store(f.P, &f.who, &f.g, &r.m, NULL, &pl), KVS_E_NOSPACE);
 	ERR_HAS("L1 cannot hold 768 more bytes");
 	ck_assert_uint_eq(pl.n_objs, 4);
 	ck_assert_uint_eq(l1st(&f).objects_reserved, 4);
@@ -834,7 +834,7 @@ START_TEST(store_nospace)
 	/* exactly four fit */
 	r.m.n_keys = 4;
 	r.m.blocks.len[0] = 8;
-	EXPECT(kvs_plan_store(f.P, &f.who, &f.g, &r.m, &pl), 0);
+	EXPECT(kvs_plan_store(f.P, &f.who, &f.g, &r.m, NULL, &pl), 0);
 	ck_assert_uint_eq(pl.n_objs, 4);
 	kvs_plan_undo(f.l1, &pl, KVS_OP_STORE);
 	fx_done(&f);
@@ -846,7 +846,7 @@ START_TEST(store_nospace)
 	int64_t one[1] = {2};
 	req_init(&r, KVS_OP_STORE, 1, 0);
 	req_list(&r, one, 1);
-	EXPECT(kvs_plan_store(f.P, &f.who, &f.g, &r.m, &pl), KVS_E_NOSPACE);
+	EXPECT(kvs_plan_store(f.P, &f.who, &f.g, &r.m, NULL, &pl), KVS_E_NOSPACE);
 	ERR_HAS("L1 cannot hold");
 	ck_assert_uint_eq(pl.n_objs, 0);
 	kvs_plan_undo(f.l1, &pl, KVS_OP_STORE);
@@ -934,7 +934,7 @@ static void retrieve(fx *f, req *r, src_ctx *c, kvs_plan *pl, int code)
 	kvs_plan_source src = {.present = t_present, .fetch = t_fetch, .arg = c};
 	c->f = f;
 	c->present_calls = c->fetch_calls = 0;
-	int rc = kvs_plan_retrieve(f->P, &f->who, &f->g, &r->m, &src, pl);
+	int rc = kvs_plan_retrieve(f->P, &f->who, &f->g, &r->m, &src, NULL, pl);
 	ck_assert_msg(rc == code, "retrieve: got %s, want %s (%s)", ename(rc), ename(code), pl->err);
 }
 
@@ -1187,7 +1187,7 @@ START_TEST(retrieve_fetch_refused)
 {
 	fx f;
 	fx_init(&f, 64 * PAGE);
-	kvs_reg_group *A = add_group(&f, DA, 16, 2, LA);
+	add_group(&f, DA, 16, 2, LA);
 	add_group(&f, DB, 8, 1, LB);
 	kvs_l1_obj *o[4] = {put_obj(&f, 7, 0, OBJ_A), put_obj(&f, 7, 1, OBJ_A), put_obj(&f, 9, 0, OBJ_B),
 			    put_obj(&f, 9, 1, OBJ_B)};
@@ -1205,22 +1205,199 @@ START_TEST(retrieve_fetch_refused)
 		ck_assert_uint_eq(c.present_calls, 4);
 		ck_assert_uint_eq(c.fetch_calls, at); /* nothing asked after the refusal */
 		ck_assert_uint_eq(pl.n_objs, at - 1);
-		ck_assert_uint_eq(pl.n_tasks, at - 1);
+		/* every object is fetched before any copy is built: a part that
+		 * stopped has none (waves could not have started one) */
+		ck_assert_uint_eq(pl.n_tasks, 0);
 		for (uint32_t i = 0; i < 4; i++)
 			ck_assert_uint_eq(kvs_l1_pins(o[i]), i < at - 1 ? 1 : 0);
-		/* the tasks planned before the refusal are whole */
 		run_retrieve(&f, &pl);
-		if (at > 1)
-			expect_scatter(&f, img, A, a, (bool[]){true, true}, o[0]);
-		if (at > 2)
-			expect_scatter(&f, img, A, a + 2, (bool[]){true, true}, o[1]);
-		if (at > 3)
-			expect_scatter(&f, img, &f.grp[1], b, (bool[]){true}, o[2]);
 		ck_assert_mem_eq(f.mem, img, MEM_BYTES);
 		kvs_plan_undo(f.l1, &pl, KVS_OP_RETRIEVE);
 		assert_unpinned(o, 4);
 		free(img);
 	}
+	fx_done(&f);
+}
+END_TEST
+
+/* ---- waves (plan.h) ------------------------------------------------------------ */
+
+/* Records each offer: the tasks offered are the plan's next ones, and
+ * (retrieve) how many fetches had run by then. */
+typedef struct wave_rec {
+	kvs_plan *pl;
+	const uint32_t *fetch_calls; /* retrieve: the source's counter, or NULL */
+	uint32_t calls, n[MAXK], fetched[MAXK];
+	bool refuse;
+} wave_rec;
+
+static bool t_take(void *arg, kvs_copy_task **tasks, uint32_t n)
+{
+	wave_rec *w = arg;
+	ck_assert_uint_lt(w->calls, MAXK);
+	ck_assert_ptr_eq(tasks, w->pl->tasks + w->pl->handed);
+	ck_assert_uint_eq(n, w->pl->n_tasks - w->pl->handed);
+	ck_assert_uint_gt(n, 0);
+	w->fetched[w->calls] = w->fetch_calls ? *w->fetch_calls : 0;
+	w->n[w->calls++] = n;
+	return !w->refuse;
+}
+
+/* What a taker does with the tasks it took once their copies ended. */
+static void free_handed(kvs_plan *pl)
+{
+	for (uint32_t i = 0; i < pl->handed; i++) {
+		free(pl->tasks[i]->segs);
+		free(pl->tasks[i]);
+	}
+}
+
+/* group W: 1 block of 64 bytes per chunk, 16 blocks: 8 chunks fill MAXK */
+static const kvs_group_desc DW = {.id = 3, .kind = KVS_GROUP_ATTENTION, .tokens_per_block = 16,
+				  .blocks_per_chunk = 1, .window_chunks = -1, .null_block = -1};
+static const lay LW[1] = {{64, 64}};
+static const int64_t WIDS[8] = {15, 13, 11, 9, 7, 5, 3, 1};
+
+START_TEST(store_waves)
+{
+	/* {first, max} -> the waves taken, the rest left for the caller */
+	static const struct {
+		uint64_t first, max;
+		uint32_t calls, n[3], rest;
+	} cases[] = {
+		{128, 1 << 20, 2, {2, 3}, 3}, /* 128 B, then 192 B; 288 B would not leave a rest */
+		{128, 128, 3, {2, 2, 2}, 2},  /* capped at max */
+		{64, 64, 7, {1, 1, 1}, 1},    /* one object per wave, the last one left */
+		{1 << 20, 1 << 20, 0, {0}, 8},  /* the part is shorter than a wave */
+	};
+	for (size_t ci = 0; ci < sizeof(cases) / sizeof(cases[0]); ci++) {
+		fx f;
+		fx_init(&f, 64 * PAGE);
+		kvs_reg_group *W = add_group(&f, DW, 16, 1, LW);
+		req r;
+		req_init(&r, KVS_OP_STORE, 8, 200);
+		req_list(&r, WIDS, 8);
+		kvs_plan pl = {0};
+		wave_rec w = {.pl = &pl};
+		kvs_plan_wave wave = {.first = cases[ci].first, .max = cases[ci].max, .take = t_take, .arg = &w};
+		EXPECT(kvs_plan_check(f.P, &f.g, &r.m, &pl), 0);
+		EXPECT(kvs_plan_store(f.P, &f.who, &f.g, &r.m, &wave, &pl), 0);
+		ck_assert_uint_eq(w.calls, cases[ci].calls);
+		uint32_t handed = 0;
+		for (uint32_t i = 0; i < w.calls && i < 3; i++) {
+			ck_assert_uint_eq(w.n[i], cases[ci].n[i]);
+			handed += w.n[i];
+		}
+		if (w.calls > 3)
+			handed = 8 - cases[ci].rest;
+		ck_assert_uint_eq(pl.handed, handed);
+		ck_assert_uint_eq(pl.n_tasks - pl.handed, cases[ci].rest);
+		/* taken or not, the tasks together are the whole part, in order */
+		ck_assert_uint_eq(pl.n_tasks, 8);
+		run_store(&f, &pl);
+		for (uint32_t k = 0; k < 8; k++) {
+			int i = check_stored(&f, &pl, W, 200 + k, WIDS + k, 1);
+			ck_assert_int_eq(task_obj(&pl, pl.tasks[k]), i);
+		}
+		free_handed(&pl);
+		kvs_plan_undo(f.l1, &pl, KVS_OP_STORE);
+		fx_done(&f);
+	}
+}
+END_TEST
+
+/* A taker that refuses leaves everything with the plan: offered again with
+ * every later task, the plan ends as one without waves. */
+START_TEST(store_waves_refused)
+{
+	fx f;
+	fx_init(&f, 64 * PAGE);
+	kvs_reg_group *W = add_group(&f, DW, 16, 1, LW);
+	req r;
+	req_init(&r, KVS_OP_STORE, 8, 300);
+	req_list(&r, WIDS, 8);
+	kvs_plan pl = {0};
+	wave_rec w = {.pl = &pl, .refuse = true};
+	kvs_plan_wave wave = {.first = 128, .max = 128, .take = t_take, .arg = &w};
+	EXPECT(kvs_plan_store(f.P, &f.who, &f.g, &r.m, &wave, &pl), 0);
+	ck_assert_uint_eq(w.calls, 6); /* before keys 3..8 */
+	ck_assert_uint_eq(w.n[0], 2);
+	ck_assert_uint_eq(w.n[5], 7);
+	ck_assert_uint_eq(pl.handed, 0);
+	run_store(&f, &pl);
+	for (uint32_t k = 0; k < 8; k++)
+		check_stored(&f, &pl, W, 300 + k, WIDS + k, 1);
+	kvs_plan_undo(f.l1, &pl, KVS_OP_STORE);
+	fx_done(&f);
+}
+END_TEST
+
+/* L1 full after waves were taken: the plan fails, and still lists every
+ * object it reserved, those the taken tasks copy into among them (the
+ * caller keeps them reserved until those copies end). */
+START_TEST(store_waves_then_nospace)
+{
+	fx f;
+	fx_init(&f, 4 * PAGE); /* four 64-byte objects, a page each */
+	add_group(&f, DW, 16, 1, LW);
+	req r;
+	req_init(&r, KVS_OP_STORE, 8, 400);
+	req_list(&r, WIDS, 8);
+	kvs_plan pl = {0};
+	wave_rec w = {.pl = &pl};
+	kvs_plan_wave wave = {.first = 128, .max = 1 << 20, .take = t_take, .arg = &w};
+	EXPECT(kvs_plan_store(f.P, &f.who, &f.g, &r.m, &wave, &pl), KVS_E_NOSPACE);
+	ERR_HAS("L1 cannot hold");
+	ck_assert_uint_eq(w.calls, 1);
+	ck_assert_uint_eq(pl.handed, 2);
+	ck_assert_uint_eq(pl.n_tasks, 4);
+	ck_assert_uint_eq(pl.n_objs, 4);
+	for (uint32_t t = 0; t < pl.n_tasks; t++)
+		ck_assert_int_eq(task_obj(&pl, pl.tasks[t]), (int)t);
+	ck_assert_uint_eq(l1st(&f).objects_reserved, 4);
+	free_handed(&pl); /* their copies ended */
+	kvs_plan_undo(f.l1, &pl, KVS_OP_STORE);
+	fx_done(&f);
+}
+END_TEST
+
+/* A retrieve offers waves only once every object was fetched, and its
+ * tasks, taken or not, write the whole part. */
+START_TEST(retrieve_waves)
+{
+	fx f;
+	fx_init(&f, 64 * PAGE);
+	kvs_reg_group *W = add_group(&f, DW, 16, 1, LW);
+	kvs_l1_obj *o[8];
+	for (uint32_t k = 0; k < 8; k++)
+		o[k] = put_obj(&f, DW.id, 500 + k, 64);
+	req r;
+	req_init(&r, KVS_OP_RETRIEVE, 8, 500);
+	req_list(&r, WIDS, 8);
+	kvs_plan pl = {0};
+	src_ctx c = {0};
+	wave_rec w = {.pl = &pl, .fetch_calls = &c.fetch_calls};
+	kvs_plan_wave wave = {.first = 128, .max = 1 << 20, .take = t_take, .arg = &w};
+	kvs_plan_source src = {.present = t_present, .fetch = t_fetch, .arg = &c};
+	c.f = &f;
+	uint8_t *img = snapshot(&f);
+	EXPECT(kvs_plan_retrieve(f.P, &f.who, &f.g, &r.m, &src, &wave, &pl), 0);
+	ck_assert_int_eq(pl.stopped, 0);
+	ck_assert_uint_eq(w.calls, 2);
+	ck_assert_uint_eq(w.n[0], 2);
+	ck_assert_uint_eq(w.n[1], 3);
+	ck_assert_uint_eq(w.fetched[0], 8);
+	ck_assert_uint_eq(w.fetched[1], 8);
+	ck_assert_uint_eq(pl.handed, 5);
+	ck_assert_uint_eq(pl.n_tasks, 8);
+	run_retrieve(&f, &pl);
+	for (uint32_t k = 0; k < 8; k++)
+		expect_scatter(&f, img, W, WIDS + k, (bool[]){true}, o[k]);
+	ck_assert_mem_eq(f.mem, img, MEM_BYTES);
+	free_handed(&pl);
+	kvs_plan_undo(f.l1, &pl, KVS_OP_RETRIEVE);
+	assert_unpinned(o, 8);
+	free(img);
 	fx_done(&f);
 }
 END_TEST
@@ -1267,7 +1444,7 @@ START_TEST(roundtrip_hybrid)
 	req_list(&r, sb, 3);
 	kvs_plan pl = {0};
 	EXPECT(kvs_plan_check(f.P, &f.g, &r.m, &pl), 0);
-	EXPECT(kvs_plan_store(f.P, &f.who, &f.g, &r.m, &pl), 0);
+	EXPECT(kvs_plan_store(f.P, &f.who, &f.g, &r.m, NULL, &pl), 0);
 	ck_assert_uint_eq(pl.n_objs, 9);
 	run_store(&f, &pl);
 	for (uint32_t i = 0; i < pl.n_objs; i++)
@@ -1328,6 +1505,10 @@ static Suite *plan_suite(void)
 	tcase_add_test(tc, retrieve_window);
 	tcase_add_test(tc, retrieve_recurrent);
 	tcase_add_test(tc, retrieve_fetch_refused);
+	tcase_add_test(tc, store_waves);
+	tcase_add_test(tc, store_waves_refused);
+	tcase_add_test(tc, store_waves_then_nospace);
+	tcase_add_test(tc, retrieve_waves);
 	tcase_add_test(tc, retrieve_limit);
 	tcase_add_test(tc, roundtrip_hybrid);
 	suite_add_tcase(s, tc);
