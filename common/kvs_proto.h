@@ -123,6 +123,8 @@ typedef struct kvs_block_lists {
 	uint32_t n;                    /* number of groups */
 	const int64_t *ids[KVS_MAX_GROUPS];
 	uint32_t len[KVS_MAX_GROUPS];
+	bool packed; /* encode: each list whose ids fit 32 bits as a packed list
+		      * (protocol.md §10.1), for a server that said packed_blocks */
 } kvs_block_lists;
 
 /* A decoded or to-be-encoded message. Zero-initialise, then fill. */
@@ -173,6 +175,7 @@ typedef struct kvs_msg {
 
 	/* replies */
 	uint64_t heartbeat_ms;
+	bool packed_blocks; /* hello reply: the server reads packed block lists (protocol.md §10.1) */
 	uint64_t ttl_ms;
 	kvs_limits_desc limits;
 	uint64_t pending_jobs;

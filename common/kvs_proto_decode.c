@@ -168,17 +168,31 @@ static int decode_blocks(const fdesc *f, const msgpack_object *o, kvs_block_list
 		return kvs__proto_fail(err, KVS_E_LIMIT, "%s%s: more than %d groups", pn, nm, KVS_MAX_GROUPS);
 	uint64_t total = 0;
 	bl->n = n;
+	bl->packed = n > 0; /* every list packed: encodes back the same way */
 	for (uint32_t g = 0; g < n; g++) {
-		if (el[g].type != MSGPACK_OBJECT_ARRAY)
-			return BAD("%s%s[%u]: expected array", pn, nm, g);
-		uint32_t m = el[g].via.array.size;
+		/* a list is an array of integers, or packed: a bin of 4-byte
+		 * little-endian signed ids (protocol.md §10.1) */
+		bool packed = el[g].type == MSGPACK_OBJECT_BIN;
+		if (!packed && el[g].type != MSGPACK_OBJECT_ARRAY)
+			return BAD("%s%s[%u]: expected array or bin", pn, nm, g);
+		if (packed && el[g].via.bin.size % 4)
+			return BAD("%s%s[%u]: packed list of %u bytes, not a multiple of 4", pn, nm, g,
+				   el[g].via.bin.size);
+		uint32_t m = packed ? el[g].via.bin.size / 4 : el[g].via.array.size;
+		bl->packed = bl->packed && packed;
 		total += m;
 		if (total > f->max)
 			return kvs__proto_fail(err, KVS_E_LIMIT, "%s%s: more than %u block ids", pn, nm, f->max);
 		int64_t *ids = msgpack_zone_malloc(z, sizeof(int64_t) * (m ? m : 1));
 		if (!ids)
 			return kvs__proto_fail(err, KVS_E_INTERNAL, "out of memory");
-		for (uint32_t i = 0; i < m; i++)
+		if (packed) {
+			const uint8_t *b = (const uint8_t *)el[g].via.bin.ptr;
+			for (uint32_t i = 0; i < m; i++, b += 4)
+				ids[i] = (int32_t)((uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 |
+						   (uint32_t)b[3] << 24);
+		}
+		for (uint32_t i = 0; i < m && !packed; i++)
 			if (!get_i64(&el[g].via.array.ptr[i], &ids[i]))
 				return BAD("%s%s[%u][%u]: expected integer", pn, nm, g, i);
 		bl->ids[g] = ids;

@@ -3,6 +3,7 @@
  * in vLLM's wire format. */
 #include <errno.h>
 #include <msgpack.h>
+#include <stdint.h>
 #include <string.h>
 
 #include "kvs_error.h"
@@ -19,6 +20,29 @@ static int pack_bin(msgpack_packer *pk, const void *b, size_t n)
 }
 
 static int encode_map(msgpack_packer *pk, const spec *sp, const char *base);
+
+/* A packed block list (protocol.md §10.1): n 4-byte little-endian signed
+ * ids in one bin. False, with nothing written, if an id does not fit. */
+static bool pack_ids(msgpack_packer *pk, const int64_t *ids, uint32_t n, int *r)
+{
+	for (uint32_t i = 0; i < n; i++)
+		if (ids[i] < INT32_MIN || ids[i] > INT32_MAX)
+			return false;
+	*r |= msgpack_pack_bin(pk, (size_t)n * 4);
+	uint8_t buf[4096];
+	for (uint32_t i = 0; i < n;) {
+		uint32_t k = 0;
+		for (; i < n && k < sizeof(buf); i++, k += 4) {
+			uint32_t v = (uint32_t)(int32_t)ids[i];
+			buf[k] = (uint8_t)v;
+			buf[k + 1] = (uint8_t)(v >> 8);
+			buf[k + 2] = (uint8_t)(v >> 16);
+			buf[k + 3] = (uint8_t)(v >> 24);
+		}
+		*r |= msgpack_pack_bin_body(pk, buf, k);
+	}
+	return true;
+}
 
 static int encode_field(msgpack_packer *pk, const fdesc *f, const char *base)
 {
@@ -73,6 +97,8 @@ static int encode_field(msgpack_packer *pk, const fdesc *f, const char *base)
 		const kvs_block_lists *bl = src;
 		int r = msgpack_pack_array(pk, bl->n);
 		for (uint32_t g = 0; g < bl->n && g < KVS_MAX_GROUPS; g++) {
+			if (bl->packed && pack_ids(pk, bl->ids[g], bl->len[g], &r))
+				continue;
 			r |= msgpack_pack_array(pk, bl->len[g]);
 			for (uint32_t i = 0; i < bl->len[g]; i++)
 				r |= msgpack_pack_int64(pk, bl->ids[g][i]);

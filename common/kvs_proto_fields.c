@@ -138,6 +138,7 @@ static const fdesc hello_rp[] = {
 	REQ("heartbeat_ms", F_U64, heartbeat_ms),
 	REQ("ttl_ms", F_U64, ttl_ms),
 	REQX("limits", F_OBJ, limits, .aux = &limits_spec),
+	OPT("packed_blocks", F_BOOL, packed_blocks),
 };
 static const fdesc heartbeat_rp[] = {REQ("pending_jobs", F_U64, pending_jobs)};
 static const fdesc register_rp[] = {

@@ -11,6 +11,7 @@
 #ifndef KVS_COPY_H
 #define KVS_COPY_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -58,6 +59,11 @@ typedef struct kvs_copy_part {
  * completes with its result set. */
 typedef struct kvs_copy_engine {
 	void (*submit)(struct kvs_copy_engine *e, void *stream, const kvs_copy_part *part);
+	/* Are copies of any part in flight on the engine? (NULL: never.) A
+	 * part goes in waves only when they find the engine idle: otherwise
+	 * the engine has work while the part is planned, and waves would only
+	 * add their cost. */
+	bool (*busy)(struct kvs_copy_engine *e);
 	const char *name;
 } kvs_copy_engine;
 

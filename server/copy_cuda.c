@@ -134,6 +134,8 @@ bool cuda_part_pinned(kvs_cuda_engine *e, const kvs_copy_part *part, bool want)
 	return all;
 }
 
+static bool engine_busy(kvs_copy_engine *ce) { return atomic_load(&((kvs_cuda_engine *)ce)->parts_inflight) > 0; }
+
 static void engine_submit(kvs_copy_engine *ce, void *stream, const kvs_copy_part *part)
 {
 	kvs_cuda_submit((kvs_cuda_engine *)ce, stream, part);
@@ -154,7 +156,7 @@ int kvs_cuda_engine_create(kvs_cq *cq, void *arena, uint64_t arena_size, const k
 		return -ENOMEM;
 	e->cu = cu;
 	e->cq = cq;
-	e->engine = (kvs_copy_engine){.submit = engine_submit, .name = "cuda"};
+	e->engine = (kvs_copy_engine){.submit = engine_submit, .busy = engine_busy, .name = "cuda"};
 	e->arena = arena;
 	e->arena_size = arena_size;
 	pthread_mutex_init(&e->mu, NULL);
@@ -790,8 +792,7 @@ void kvs_cuda_submit(kvs_cuda_engine *e, kvs_cuda_stream *s, const kvs_copy_part
 
 static void submit_part(kvs_cuda_engine *e, kvs_cuda_stream *s, const kvs_copy_part *part)
 {
-	/* a later wave of the part queued just before: its producer event has
-	 * fired, and it needs no ordering against that wave (copy.h) */
+	/* a wave after one of its part queued just now: producer fired (copy.h) */
 	bool cont = part->seq && part->seq == s->cont_seq;
 	s->cont_seq = 0;
 	if (!cont && producer_pending(e, s, part))
@@ -857,8 +858,7 @@ static void submit_part(kvs_cuda_engine *e, kvs_cuda_stream *s, const kvs_copy_p
 	CUstream first = dir == DIR_H2D ? s->dma : s->s, final = dir == DIR_D2H ? s->dma : s->s;
 	/* a submission that writes device memory, or follows one that did,
 	 * starts after the previous one (reads of device memory may overlap) */
-	/* a wave needs no ordering against the wave before it; against earlier
-	 * parts it is ordered by its stream when it starts on the same one */
+	/* a wave is ordered after earlier parts by the stream it shares with the last */
 	bool ordered = cont && first == s->cont_first;
 	if (s->stage && !ordered && (writes || !s->last_read_only) &&
 	    (r = CU(e, cuStreamWaitEvent)(first, s->last, 0)) != CUDA_SUCCESS)

@@ -63,6 +63,7 @@ typedef struct kvs_part {
 	kvs_copy_task **held;
 	uint32_t n_held;
 	uint64_t seq; /* this part's number for its copy engine (copy.h: its waves share it) */
+	int8_t waves; /* while planning: 0 undecided, 1 in waves, -1 whole (the engine was busy) */
 	const kvs_bytes *event; /* store: the producer event, while the request is being handled */
 } kvs_part;
 
@@ -467,6 +468,11 @@ static bool wave_take(void *arg, kvs_copy_task **tasks, uint32_t n)
 	kvs_part *p = arg;
 	if (p->promotes_pending || p->fail_code)
 		return false;
+	/* decided at the first offer: waves only into an idle engine (copy.h) */
+	if (!p->waves)
+		p->waves = p->reg->engine->busy && p->reg->engine->busy(p->reg->engine) ? -1 : 1;
+	if (p->waves < 0)
+		return false;
 	kvs_server *srv = p->job->srv;
 	part_submit(srv, p, tasks, n);
 	srv->jobs->st.copy_waves++;
@@ -570,6 +576,7 @@ static int part_plan(kvs_server *srv, kvs_session *s, const kvs_msg *rq, kvs_reg
 	p->reg = g;
 	kvs_reg_lease(g);
 	p->seq = ++J->part_seq;
+	p->waves = 0;
 	p->event = rq->op == KVS_OP_STORE && rq->producer_event.len ? &rq->producer_event : NULL;
 	kvs_plan_wave wave = J->wave;
 	wave.take = wave_take;

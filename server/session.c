@@ -82,7 +82,8 @@ int kvs__op_hello(kvs_server *srv, const void *ident, size_t ident_len, const kv
 	kvs_msg rep = {.op = KVS_OP_HELLO, .id = rq->id, .ok = true, .session = s->id,
 		       .heartbeat_ms = srv->cfg.heartbeat_ms, .ttl_ms = srv->cfg.ttl_ms,
 		       .limits = {.max_msg_bytes = KVS_MAX_MSG_BYTES, .max_keys = KVS_MAX_KEYS,
-				  .max_block_ids = KVS_MAX_BLOCK_IDS}};
+				  .max_block_ids = KVS_MAX_BLOCK_IDS},
+		       .packed_blocks = true};
 	kvs__reply(srv, ident, ident_len, &rep);
 	return 0;
 }

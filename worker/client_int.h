@@ -150,6 +150,7 @@ struct kvs_client {
 	atomic_uint_fast64_t session;
 	atomic_uint_fast64_t reconnects;
 	atomic_bool closing; /* kvs_client_close began: no heartbeats, no re-open */
+	atomic_bool packed_blocks; /* the session's server reads packed block lists (its hello said so) */
 
 	/* registrations: guarded by reg_mu */
 	pthread_mutex_t reg_mu;

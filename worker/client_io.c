@@ -224,6 +224,7 @@ static void on_rehello(kvs_client *c, kvs__req *r, const kvs_msg *rep, int code)
 	memcpy(c->epoch, rep->epoch, KVS_EPOCH_BYTES);
 	c->have_epoch = true;
 	c->hb_ms = rep->heartbeat_ms ? rep->heartbeat_ms : 1000;
+	atomic_store(&c->packed_blocks, rep->packed_blocks);
 	/* the registers (and their broker pushes) run from the poll loop while
 	 * heartbeats of the new session go on */
 	c->reopen = KVS__REOPEN_RESTORE;
@@ -332,6 +333,7 @@ void kvs__handle_reply(kvs_client *c, const void *data, size_t len)
 				c->have_epoch = true;
 				new_epoch = false;
 				c->hb_ms = rep.heartbeat_ms ? rep.heartbeat_ms : 1000;
+				atomic_store(&c->packed_blocks, rep.packed_blocks);
 				atomic_store(&c->session, rep.session);
 				c->next_hb_ms = kvs_now_ms(); /* heartbeats start right away */
 				first_hello = true;

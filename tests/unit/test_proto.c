@@ -370,6 +370,8 @@ static const kvs_layer_desc LAYERS[3] = {
 };
 static const int64_t BLK0[8] = {0, 1, 2, 3, -1, 1000000, INT64_MAX, 7};
 static const int64_t BLK1[2] = {5, INT64_MIN};
+static const int64_t BLKP0[8] = {0, 1, -1, INT32_MAX, INT32_MIN, 7, 8, 9};
+static const int64_t BLKP1[2] = {5, -2};
 static const uint64_t JOBS[3] = {1, 2, UINT64_MAX};
 static const uint8_t TIERS[3] = {KVS_TIER_L1, KVS_TIER_L2, KVS_TIER_L1};
 static const kvs_job_info JINFOS[4] = {
@@ -457,6 +459,16 @@ static kvs_msg q_store(void)
 	m.blocks.len[1] = 2;
 	return m;
 }
+static kvs_msg q_store_packed(void)
+{
+	/* block lists packed (protocol.md §10.1): 4-byte ids, signs kept */
+	kvs_msg m = q_store();
+	m.id = 19;
+	m.blocks.ids[0] = BLKP0;
+	m.blocks.ids[1] = BLKP1;
+	m.blocks.packed = true;
+	return m;
+}
 static kvs_msg q_store_min(void)
 {
 	/* no keys, no block lists: a legal shape for the codec */
@@ -508,7 +520,8 @@ static kvs_msg r_hello(void)
 {
 	RP(KVS_OP_HELLO, 1, .session = 42, .heartbeat_ms = 1000, .ttl_ms = 30000,
 	   .limits = {.max_msg_bytes = KVS_MAX_MSG_BYTES, .max_keys = KVS_MAX_KEYS,
-		      .max_block_ids = KVS_MAX_BLOCK_IDS});
+		      .max_block_ids = KVS_MAX_BLOCK_IDS},
+	   .packed_blocks = true);
 }
 static kvs_msg r_heartbeat(void) { RP(KVS_OP_HEARTBEAT, 3, .pending_jobs = 12); }
 static kvs_msg r_bye(void) { RP(KVS_OP_BYE, UINT64_MAX, .code = 0); }
@@ -557,7 +570,7 @@ static const struct {
 } ALL[] = {
 #define B(f) {#f, f}
 	B(q_hello), B(q_hello_sched), B(q_heartbeat), B(q_bye), B(q_register), B(q_register_host),
-	B(q_unregister), B(q_lookup), B(q_lookup_min), B(q_store), B(q_store_min), B(q_retrieve),
+	B(q_unregister), B(q_lookup), B(q_lookup_min), B(q_store), B(q_store_packed), B(q_store_min), B(q_retrieve),
 	B(q_complete), B(q_complete_ok), B(q_job_status), B(q_job_status_all), B(q_stats),
 	B(q_stats_session),
 	B(r_hello), B(r_heartbeat), B(r_bye), B(r_register), B(r_unregister), B(r_lookup),
@@ -636,6 +649,8 @@ static void assert_msg_eq(const kvs_msg *a, const kvs_msg *b)
 	if (a->n_keys)
 		ck_assert_mem_eq(a->keys, b->keys, (size_t)a->n_keys * KVS_KEY_BYTES);
 	EQ(blocks.n);
+	EQ(blocks.packed);
+	EQ(packed_blocks);
 	for (uint32_t g = 0; g < a->blocks.n; g++) {
 		EQ(blocks.len[g]);
 		for (uint32_t i = 0; i < a->blocks.len[g]; i++)
@@ -2047,6 +2062,78 @@ START_TEST(test_block_limits)
 }
 END_TEST
 
+/* Packed block lists (protocol.md §10.1): a list whose ids do not fit 32
+ * bits stays an array, lists of both kinds mix, a bin that is not whole ids
+ * is E_BADMSG, and the id limit counts packed ids too. */
+START_TEST(test_packed_blocks)
+{
+	kvs_proto_err e;
+	/* list 0 has INT64_MAX: an array; list 1 packed */
+	kvs_msg a = q_store();
+	a.blocks.ids[1] = BLKP1;
+	a.blocks.packed = true;
+	buf b = enc(&a);
+	msgpack_unpacked u;
+	msgpack_unpacked_init(&u);
+	size_t off = 0;
+	ck_assert_int_eq(msgpack_unpack_next(&u, (const char *)b.p, b.n, &off), MSGPACK_UNPACK_SUCCESS);
+	const msgpack_object *lists = NULL;
+	for (uint32_t i = 0; i < u.data.via.map.size; i++) {
+		const msgpack_object_kv *kv = &u.data.via.map.ptr[i];
+		if (kv->key.via.str.size == 6 && memcmp(kv->key.via.str.ptr, "blocks", 6) == 0)
+			lists = &kv->val;
+	}
+	ck_assert_ptr_nonnull(lists);
+	ck_assert_int_eq(lists->via.array.ptr[0].type, MSGPACK_OBJECT_ARRAY);
+	ck_assert_int_eq(lists->via.array.ptr[1].type, MSGPACK_OBJECT_BIN);
+	ck_assert_uint_eq(lists->via.array.ptr[1].via.bin.size, 8);
+	msgpack_unpacked_destroy(&u);
+	kvs_msg d;
+	ck_assert_int_eq(kvs_proto_decode(b.p, b.n, false, &d, &e), 0);
+	ck_assert(!d.blocks.packed); /* mixed */
+	ck_assert_uint_eq(d.blocks.len[0], 8);
+	ck_assert_uint_eq(d.blocks.len[1], 2);
+	for (uint32_t i = 0; i < 8; i++)
+		ck_assert_int_eq(d.blocks.ids[0][i], BLK0[i]);
+	ck_assert_int_eq(d.blocks.ids[1][0], 5);
+	ck_assert_int_eq(d.blocks.ids[1][1], -2);
+	kvs_msg_clear(&d);
+	buf_free(&b);
+	/* a bin of 6 bytes: not whole ids */
+	pk_t w;
+	pk_init(&w);
+	pk_env(&w, 4, "retrieve", 3);
+	ps(&w, "session");
+	pu(&w, 5);
+	ps(&w, "job");
+	pu(&w, 1);
+	ps(&w, "keys");
+	msgpack_pack_array(&w.pk, 0);
+	ps(&w, "blocks");
+	msgpack_pack_array(&w.pk, 1);
+	msgpack_pack_bin_with_body(&w.pk, "\x01\0\0\0\x02\0", 6);
+	b = pk_take(&w);
+	EXPECT_E(b, false, KVS_E_BADMSG, &e);
+	ck_assert_msg(strstr(e.msg, "not a multiple of 4"), "%s", e.msg);
+	ck_assert_int_eq(e.op, KVS_OP_RETRIEVE);
+	buf_free(&b);
+	/* limits: KVS_MAX_BLOCK_IDS ids in all, packed as well */
+	int64_t *ids = calloc(KVS_MAX_BLOCK_IDS + 1, sizeof(int64_t));
+	ck_assert_ptr_nonnull(ids);
+	a = q_store();
+	a.blocks.packed = true;
+	a.blocks.n = 2;
+	a.blocks.ids[0] = ids;
+	a.blocks.len[0] = KVS_MAX_BLOCK_IDS / 2;
+	a.blocks.ids[1] = ids;
+	a.blocks.len[1] = KVS_MAX_BLOCK_IDS / 2;
+	ck_assert_int_eq(decode_code(&a, &e), 0);
+	a.blocks.len[1] = KVS_MAX_BLOCK_IDS / 2 + 1;
+	ck_assert_int_eq(decode_code(&a, &e), KVS_E_LIMIT);
+	free(ids);
+}
+END_TEST
+
 /* ---- robustness -------------------------------------------------------- */
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
@@ -2150,6 +2237,7 @@ static Suite *proto_suite(void)
 	tcase_add_test(tc, test_field_values);
 	tcase_add_test(tc, test_array_limits);
 	tcase_add_test(tc, test_block_limits);
+	tcase_add_test(tc, test_packed_blocks);
 	suite_add_tcase(s, tc);
 
 	tc = tcase_create("robustness");
