@@ -515,11 +515,13 @@ typedef struct source_ctx {
 	kvs_part *p;
 } source_ctx;
 
-static int source_present(void *arg, const kvs_objkey *key, const kvs_reg_group *G)
+static int source_present(void *arg, const kvs_objkey *key, const kvs_reg_group *G, bool *ready)
 {
 	source_ctx *c = arg;
 	kvs_l1_obj *o;
-	return kvs_promote_locate(c->srv->promote, key, G->geom, G->obj_bytes, &o, NULL);
+	int r = kvs_promote_locate(c->srv->promote, key, G->geom, G->obj_bytes, &o, NULL);
+	*ready = r == 0 && o; /* in L1: its fetch pins it */
+	return r;
 }
 
 static void part_promoted(kvs_server *srv, kvs_part *p);

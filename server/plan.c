@@ -342,10 +342,12 @@ static int wanted(const kvs_reg_group *G, uint32_t n, uint32_t k, const int64_t 
 	return cnt;
 }
 
-/* Pass 1 of a retrieve: presence only, no side effects. */
+/* Pass 1 of a retrieve: presence only, no side effects; *all_ready: every
+ * object's fetch can neither fail nor wait. */
 static int retrieve_present(const kvs_plan_who *who, const kvs_reg *g, const kvs_msg *rq,
-			    const kvs_plan_source *src, kvs_plan *pl)
+			    const kvs_plan_source *src, kvs_plan *pl, bool *all_ready)
 {
+	*all_ready = true;
 	for (uint32_t gi = 0; gi < g->n_groups; gi++) {
 		const kvs_reg_group *G = &g->groups[gi];
 		uint32_t bpc = G->desc.blocks_per_chunk;
@@ -363,8 +365,10 @@ static int retrieve_present(const kvs_plan_who *who, const kvs_reg *g, const kvs
 				continue;
 			kvs_objkey key;
 			kvs_obj_key(&key, who->ns, who->world, who->rank, G->desc.id, rq->keys + (size_t)k * KVS_KEY_BYTES);
-			if (src->present(src->arg, &key, G) != 0)
+			bool ready = false;
+			if (src->present(src->arg, &key, G, &ready) != 0)
 				return fail(pl, KVS_E_MISS, "chunk %u of group %u is not cached", k, G->desc.id);
+			*all_ready = *all_ready && ready;
 		}
 	}
 	return 0;
@@ -393,72 +397,82 @@ int kvs_plan_retrieve(kvs_planner *P, const kvs_plan_who *who, const kvs_reg *g,
 		      const kvs_plan_source *src, const kvs_plan_wave *wave, kvs_plan *pl)
 {
 	(void)P;
-	int r = retrieve_present(who, g, rq, src, pl);
+	bool ready;
+	int r = retrieve_present(who, g, rq, src, pl, &ready);
 	if (r)
 		return r;
 	uint64_t max = (uint64_t)rq->n_keys * g->n_groups;
-	const uint8_t **from = calloc(max ? max : 1, sizeof(*from)); /* per (group, chunk): NULL = not written */
 	pl->objs = calloc(max ? max : 1, sizeof(*pl->objs));
 	pl->tasks = calloc(max ? max : 1, sizeof(*pl->tasks));
-	if (!from || !pl->objs || !pl->tasks) {
-		free(from);
+	kvs_copy_task **spare = calloc(max ? max : 1, sizeof(*spare)); /* allocated up front */
+	if (!pl->objs || !pl->tasks || !spare) {
+		free(spare);
 		return fail(pl, KVS_E_INTERNAL, "out of memory");
 	}
-	/* pass 2: fetch (pin or promote) every object first, so that a part
-	 * that stops has not started a copy; pass 3 builds the copies */
+	/* every task allocated first: nothing fails for want of memory once a
+	 * wave was taken */
+	uint32_t n_spare = 0;
 	bool want[4096];
-	for (uint32_t gi = 0; gi < g->n_groups && !pl->stopped; gi++) {
+	for (uint32_t gi = 0; gi < g->n_groups; gi++) {
 		const kvs_reg_group *G = &g->groups[gi];
 		uint32_t bpc = G->desc.blocks_per_chunk;
-		for (uint32_t k = 0; k < rq->n_keys && !pl->stopped; k++) {
+		for (uint32_t k = 0; k < rq->n_keys; k++) {
 			const int64_t *ids = rq->blocks.ids[gi] + (size_t)k * bpc;
 			if (wanted(G, rq->n_keys, k, ids, rq->skip_tokens, want) <= 0)
 				continue;
-			kvs_objkey key;
-			kvs_obj_key(&key, who->ns, who->world, who->rank, G->desc.id, rq->keys + (size_t)k * KVS_KEY_BYTES);
-			pl->stopped = src->fetch(src->arg, pl, &key, G, &from[(size_t)gi * rq->n_keys + k]);
-		}
-	}
-	/* pass 3: every task allocated first (nothing can fail once a wave
-	 * was taken), then the copies built and offered in waves */
-	for (uint32_t gi = 0; gi < g->n_groups && !pl->stopped; gi++) {
-		const kvs_reg_group *G = &g->groups[gi];
-		for (uint32_t k = 0; k < rq->n_keys && !pl->stopped; k++) {
-			const uint8_t *obj = from[(size_t)gi * rq->n_keys + k];
-			if (!obj)
-				continue;
-			kvs_copy_task *t = task_new((uint64_t)G->n_layers * G->desc.blocks_per_chunk);
-			if (!t) {
-				pl->stopped = KVS_E_INTERNAL;
-				break;
+			if (!(spare[n_spare] = task_new((uint64_t)G->n_layers * bpc))) {
+				kvs_plan_free_tasks(spare, n_spare);
+				return fail(pl, KVS_E_INTERNAL, "out of memory");
 			}
-			t->l1 = (uint8_t *)obj;
-			t->l1_len = G->obj_bytes;
-			pl->tasks[pl->n_tasks++] = t;
+			n_spare++;
 		}
 	}
+	/* pass 2 fetches (pins or promotes) every object, pass 3 builds the
+	 * copies and offers them in waves. When every object is ready (its
+	 * fetch cannot fail) the two run as one, so that the first wave leaves
+	 * at once; otherwise every fetch comes first: a part that stops has not
+	 * started a copy */
 	wave_state ws;
 	wave_init(&ws, wave);
-	uint32_t ti = 0, built = pl->n_tasks;
-	pl->n_tasks = 0; /* counts the tasks built; the rest are empty */
-	for (uint32_t gi = 0; gi < g->n_groups && !pl->stopped; gi++) {
-		const kvs_reg_group *G = &g->groups[gi];
-		uint32_t bpc = G->desc.blocks_per_chunk;
-		for (uint32_t k = 0; k < rq->n_keys && ti < built; k++) {
-			if (!from[(size_t)gi * rq->n_keys + k])
-				continue;
-			const int64_t *ids = rq->blocks.ids[gi] + (size_t)k * bpc;
-			(void)wanted(G, rq->n_keys, k, ids, rq->skip_tokens, want);
-			wave_offer(&ws, pl);
-			kvs_copy_task *t = pl->tasks[ti++];
-			retrieve_segs(g, G, ids, want, t->l1, t);
-			pl->n_tasks++;
-			ws.bytes += t->l1_len;
+	const uint8_t **from = calloc(n_spare ? n_spare : 1, sizeof(*from));
+	for (uint32_t pass = ready ? 3 : 2; pass <= 3 && from && !pl->stopped; pass++) {
+		uint32_t t = 0;
+		for (uint32_t gi = 0; gi < g->n_groups && !pl->stopped; gi++) {
+			const kvs_reg_group *G = &g->groups[gi];
+			uint32_t bpc = G->desc.blocks_per_chunk;
+			for (uint32_t k = 0; k < rq->n_keys && !pl->stopped; k++) {
+				const int64_t *ids = rq->blocks.ids[gi] + (size_t)k * bpc;
+				if (wanted(G, rq->n_keys, k, ids, rq->skip_tokens, want) <= 0)
+					continue;
+				if (pass == 2 || ready) {
+					kvs_objkey key;
+					kvs_obj_key(&key, who->ns, who->world, who->rank, G->desc.id,
+						    rq->keys + (size_t)k * KVS_KEY_BYTES);
+					pl->stopped = src->fetch(src->arg, pl, &key, G, &from[t]);
+				}
+				if (pass == 3 && !pl->stopped) {
+					wave_offer(&ws, pl);
+					kvs_copy_task *task = spare[t];
+					spare[t] = NULL;
+					task->l1 = (uint8_t *)from[t];
+					task->l1_len = G->obj_bytes;
+					retrieve_segs(g, G, ids, want, from[t], task);
+					pl->tasks[pl->n_tasks++] = task;
+					ws.bytes += task->l1_len;
+				}
+				t++;
+			}
 		}
 	}
-	if (pl->stopped)
-		pl->n_tasks = built; /* none was offered: all freed by the caller */
+	if (!from)
+		pl->stopped = KVS_E_INTERNAL;
 	free(from);
+	for (uint32_t i = 0; i < n_spare; i++) /* not built: the part stopped */
+		if (spare[i]) {
+			free(spare[i]->segs);
+			free(spare[i]);
+		}
+	free(spare);
 	return 0;
 }
 

@@ -44,12 +44,14 @@ typedef struct kvs_plan_who {
 } kvs_plan_who;
 
 /* Where a retrieve reads objects from. present: 0 if key can be served
- * (KVS_E_MISS otherwise), no side effects. fetch: pins or starts bringing
+ * (KVS_E_MISS otherwise), no side effects; *ready set when its fetch (right
+ * after, with no other planning in between) can neither fail nor wait: the
+ * object is in L1. fetch: pins or starts bringing
  * the object into L1, appends a pinned L1 object to pl->objs if it has one,
  * and sets *src to where its bytes are (or will be); a nonzero return stops
  * planning (kvs_plan.stopped). */
 typedef struct kvs_plan_source {
-	int (*present)(void *arg, const kvs_objkey *key, const kvs_reg_group *G);
+	int (*present)(void *arg, const kvs_objkey *key, const kvs_reg_group *G, bool *ready);
 	int (*fetch)(void *arg, kvs_plan *pl, const kvs_objkey *key, const kvs_reg_group *G, const uint8_t **src);
 	void *arg;
 } kvs_plan_source;
@@ -65,8 +67,9 @@ typedef struct kvs_plan_source {
  * tasks always stay with the plan for the caller. A store part may fail
  * after waves were taken (no room in L1): the caller must then keep the
  * objects of the taken tasks reserved until their copies end. A retrieve
- * offers waves only after every object was fetched, so a retrieve that
- * fails has taken none. */
+ * offers waves as it fetches when every object is ready (present() said
+ * so: no fetch can fail), else only after every object was fetched; either
+ * way a retrieve that fails has taken none. */
 typedef struct kvs_plan_wave {
 	uint64_t first, max;
 	bool (*take)(void *arg, kvs_copy_task **tasks, uint32_t n);

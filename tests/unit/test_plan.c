@@ -863,12 +863,14 @@ typedef struct src_ctx {
 	uint32_t present_calls, fetch_calls;
 	uint32_t refuse_at;
 	int refuse_code;
+	uint32_t unready_at; /* present() calls this one not ready (0: none; a refusal: all) */
 } src_ctx;
 
-static int t_present(void *arg, const kvs_objkey *key, const kvs_reg_group *G)
+static int t_present(void *arg, const kvs_objkey *key, const kvs_reg_group *G, bool *ready)
 {
 	src_ctx *c = arg;
 	c->present_calls++;
+	*ready = !c->refuse_at && c->present_calls != c->unready_at; /* a fetch that may fail is not ready */
 	kvs_l1_obj *o = kvs_l1_get(c->f->l1, key);
 	return o && kvs_l1_len(o) == G->obj_bytes ? 0 : KVS_E_MISS;
 }
@@ -1361,44 +1363,49 @@ START_TEST(store_waves_then_nospace)
 }
 END_TEST
 
-/* A retrieve offers waves only once every object was fetched, and its
- * tasks, taken or not, write the whole part. */
+/* A retrieve whose objects are all ready (in L1) offers waves while it
+ * fetches; one that is not offers them only once every object was fetched.
+ * Either way its tasks, taken or not, write the whole part. */
 START_TEST(retrieve_waves)
 {
-	fx f;
-	fx_init(&f, 64 * PAGE);
-	kvs_reg_group *W = add_group(&f, DW, 16, 1, LW);
-	kvs_l1_obj *o[8];
-	for (uint32_t k = 0; k < 8; k++)
-		o[k] = put_obj(&f, DW.id, 500 + k, 64);
-	req r;
-	req_init(&r, KVS_OP_RETRIEVE, 8, 500);
-	req_list(&r, WIDS, 8);
-	kvs_plan pl = {0};
-	src_ctx c = {0};
-	wave_rec w = {.pl = &pl, .fetch_calls = &c.fetch_calls};
-	kvs_plan_wave wave = {.first = 128, .max = 1 << 20, .take = t_take, .arg = &w};
-	kvs_plan_source src = {.present = t_present, .fetch = t_fetch, .arg = &c};
-	c.f = &f;
-	uint8_t *img = snapshot(&f);
-	EXPECT(kvs_plan_retrieve(f.P, &f.who, &f.g, &r.m, &src, &wave, &pl), 0);
-	ck_assert_int_eq(pl.stopped, 0);
-	ck_assert_uint_eq(w.calls, 2);
-	ck_assert_uint_eq(w.n[0], 2);
-	ck_assert_uint_eq(w.n[1], 3);
-	ck_assert_uint_eq(w.fetched[0], 8);
-	ck_assert_uint_eq(w.fetched[1], 8);
-	ck_assert_uint_eq(pl.handed, 5);
-	ck_assert_uint_eq(pl.n_tasks, 8);
-	run_retrieve(&f, &pl);
-	for (uint32_t k = 0; k < 8; k++)
-		expect_scatter(&f, img, W, WIDS + k, (bool[]){true}, o[k]);
-	ck_assert_mem_eq(f.mem, img, MEM_BYTES);
-	free_handed(&pl);
-	kvs_plan_undo(f.l1, &pl, KVS_OP_RETRIEVE);
-	assert_unpinned(o, 8);
-	free(img);
-	fx_done(&f);
+	for (uint32_t unready = 0; unready <= 5; unready += 5) {
+		fx f;
+		fx_init(&f, 64 * PAGE);
+		kvs_reg_group *W = add_group(&f, DW, 16, 1, LW);
+		kvs_l1_obj *o[8];
+		for (uint32_t k = 0; k < 8; k++)
+			o[k] = put_obj(&f, DW.id, 500 + k, 64);
+		req r;
+		req_init(&r, KVS_OP_RETRIEVE, 8, 500);
+		req_list(&r, WIDS, 8);
+		kvs_plan pl = {0};
+		src_ctx c = {.f = &f, .unready_at = unready};
+		wave_rec w = {.pl = &pl, .fetch_calls = &c.fetch_calls};
+		kvs_plan_wave wave = {.first = 128, .max = 1 << 20, .take = t_take, .arg = &w};
+		kvs_plan_source src = {.present = t_present, .fetch = t_fetch, .arg = &c};
+		uint8_t *img = snapshot(&f);
+		EXPECT(kvs_plan_retrieve(f.P, &f.who, &f.g, &r.m, &src, &wave, &pl), 0);
+		ck_assert_int_eq(pl.stopped, 0);
+		ck_assert_uint_eq(c.present_calls, 8);
+		ck_assert_uint_eq(c.fetch_calls, 8);
+		ck_assert_uint_eq(w.calls, 2);
+		ck_assert_uint_eq(w.n[0], 2);
+		ck_assert_uint_eq(w.n[1], 3);
+		/* the offer before building the 3rd and the 6th task */
+		ck_assert_uint_eq(w.fetched[0], unready ? 8 : 3);
+		ck_assert_uint_eq(w.fetched[1], unready ? 8 : 6);
+		ck_assert_uint_eq(pl.handed, 5);
+		ck_assert_uint_eq(pl.n_tasks, 8);
+		run_retrieve(&f, &pl);
+		for (uint32_t k = 0; k < 8; k++)
+			expect_scatter(&f, img, W, WIDS + k, (bool[]){true}, o[k]);
+		ck_assert_mem_eq(f.mem, img, MEM_BYTES);
+		free_handed(&pl);
+		kvs_plan_undo(f.l1, &pl, KVS_OP_RETRIEVE);
+		assert_unpinned(o, 8);
+		free(img);
+		fx_done(&f);
+	}
 }
 END_TEST
 
