@@ -86,7 +86,7 @@ void kvs_server_config_defaults(kvs_server_config *cfg)
 	cfg->cuda_staging = 32ull << 20;
 	cfg->cuda_stage_min = 512ull << 10;
 	cfg->cuda_poll_us = 20000;
-	cfg->copy_wave = 2ull << 20;
+	cfg->copy_wave = 1ull << 20;
 }
 
 /* ---- the CUDA engine, made off the start path ----------------------------- */
