@@ -161,6 +161,8 @@ int kvs_client_open(const kvs_client_config *cfg, kvs_client **ret)
 	pthread_cond_init(&c->job_cv, NULL);
 	const char *bp = getenv("KVS_BUSY_POLL_US");
 	c->busy_poll_ns = bp ? strtoull(bp, NULL, 10) * 1000ull : 0;
+	const char *hp = getenv("KVS_HYBRID_POLL");
+	c->hybrid_poll = !(hp && strcmp(hp, "0") == 0);
 	c->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
 	if (c->efd < 0) {
 		r = -errno;
@@ -507,43 +509,114 @@ static inline void cpu_relax(void)
 #endif
 }
 
+/* The ring's entry for job, or -1; under mu. */
+static int ring_find(const kvs_client *c, uint64_t job, int *state)
+{
+	uint64_t lo = c->ring_n > KVS__JOB_RING ? c->ring_n - KVS__JOB_RING : 0;
+	for (uint64_t i = c->ring_n; i > lo; i--)
+		if (c->ring[(i - 1) % KVS__JOB_RING].job == job) {
+			*state = c->ring[(i - 1) % KVS__JOB_RING].state;
+			return 0;
+		}
+	return -1;
+}
+
+/* Spins (without the lock, which the I/O thread takes to push) until the
+ * ring's count moves or until `until`; under mu, returns under mu. */
+static void spin_ring(kvs_client *c, uint64_t until)
+{
+	uint64_t seen = c->ring_n;
+	pthread_mutex_unlock(&c->mu);
+	while (__atomic_load_n(&c->ring_n, __ATOMIC_ACQUIRE) == seen && kvs_now_ns() < until)
+		cpu_relax();
+	pthread_mutex_lock(&c->mu);
+}
+
+static void add_ns(struct timespec *ts, uint64_t ns)
+{
+	ns += (uint64_t)ts->tv_nsec;
+	ts->tv_sec += (time_t)(ns / 1000000000ull);
+	ts->tv_nsec = (long)(ns % 1000000000ull);
+}
+
+/* Hybrid polling (the scheme of Linux's hybrid block polling): a wait
+ * sleeps through most of the time recent waits took, then polls for a
+ * window around their average, and so does the I/O thread (woken for it),
+ * so that neither needs waking when the job ends: a thread that went idle
+ * costs tens of microseconds to wake on a virtual machine (architecture.md
+ * §17.1). Outside the window both sleep as before. */
+static void hybrid_window(const kvs_client *c, uint64_t t0, uint64_t *from, uint64_t *to)
+{
+	*from = *to = 0;
+	if (!c->hybrid_poll || c->busy_poll_ns || !c->wait_avg_ns)
+		return;
+	uint64_t m = c->wait_avg_ns / 8; /* the window: average +- an eighth, 20-200 us */
+	m = m < 20000 ? 20000 : m > 200000 ? 200000 : m;
+	*from = t0 + (c->wait_avg_ns > m ? c->wait_avg_ns - m : 0);
+	*to = t0 + c->wait_avg_ns + m;
+}
+
 int kvs_job_wait(kvs_client *c, uint64_t job, int timeout_ms, int *ret_state)
 {
 	if (kvs__on_io_thread(c))
 		return -EDEADLK;
 	struct timespec ts;
 	clock_gettime(CLOCK_REALTIME, &ts);
-	uint64_t ns = (uint64_t)ts.tv_nsec + (uint64_t)kvs__timeout_of(c, timeout_ms) * 1000000ull;
-	ts.tv_sec += (time_t)(ns / 1000000000ull);
-	ts.tv_nsec = (long)(ns % 1000000000ull);
-	int r = KVS_E_TIMEOUT;
-	uint64_t spin_end = c->busy_poll_ns ? kvs_now_ns() + c->busy_poll_ns : 0;
+	struct timespec now_rt = ts;
+	uint64_t timeout_ns = (uint64_t)kvs__timeout_of(c, timeout_ms) * 1000000ull;
+	add_ns(&ts, timeout_ns);
+	int r = KVS_E_TIMEOUT, state = 0;
+	uint64_t t0 = kvs_now_ns();
+	uint64_t spin_end = c->busy_poll_ns ? t0 + c->busy_poll_ns : 0;
+	bool waited = false, polled = false, waited_in_window = false;
 	pthread_mutex_lock(&c->mu);
-	for (;;) {
-		uint64_t lo = c->ring_n > KVS__JOB_RING ? c->ring_n - KVS__JOB_RING : 0;
-		for (uint64_t i = c->ring_n; i > lo; i--)
-			if (c->ring[(i - 1) % KVS__JOB_RING].job == job) {
-				if (ret_state)
-					*ret_state = c->ring[(i - 1) % KVS__JOB_RING].state;
-				r = 0;
-				break;
-			}
-		if (r == 0)
+	uint64_t from, to;
+	hybrid_window(c, t0, &from, &to);
+	if (to > t0 + timeout_ns)
+		to = t0 + timeout_ns;
+	for (;; waited = true) {
+		if (ring_find(c, job, &state) == 0) {
+			r = 0;
+			c->hybrid_hits += polled;
 			break;
-		if (spin_end && kvs_now_ns() < spin_end) {
-			/* busy poll: watch the ring's count without the lock (the
-			 * I/O thread takes it to push), look again once it moved */
-			uint64_t seen = c->ring_n;
-			pthread_mutex_unlock(&c->mu);
-			while (__atomic_load_n(&c->ring_n, __ATOMIC_ACQUIRE) == seen && kvs_now_ns() < spin_end)
-				cpu_relax();
-			pthread_mutex_lock(&c->mu);
+		}
+		polled = false;
+		uint64_t now = kvs_now_ns();
+		if (spin_end && now < spin_end) { /* KVS_BUSY_POLL_US */
+			spin_ring(c, spin_end);
 			continue;
 		}
-		if (pthread_cond_timedwait(&c->job_cv, &c->mu, &ts) == ETIMEDOUT)
+		if (to && now >= from && now < to) {
+			uint64_t io = atomic_load(&c->io_spin_until_ns);
+			if (io < to) { /* the I/O thread polls too, from now on */
+				atomic_store(&c->io_spin_until_ns, to);
+				uint64_t one = 1;
+				ssize_t w = write(c->efd, &one, sizeof(one));
+				(void)w;
+			}
+			c->hybrid_windows += !waited_in_window;
+			waited_in_window = polled = true;
+			spin_ring(c, to);
+			continue;
+		}
+		struct timespec until = ts;
+		if (to && now < from) { /* sleep until the window opens */
+			until = now_rt;
+			add_ns(&until, from - t0);
+			if (until.tv_sec > ts.tv_sec || (until.tv_sec == ts.tv_sec && until.tv_nsec > ts.tv_nsec))
+				until = ts;
+		}
+		if (pthread_cond_timedwait(&c->job_cv, &c->mu, &until) == ETIMEDOUT && until.tv_sec == ts.tv_sec &&
+		    until.tv_nsec == ts.tv_nsec)
 			break;
 	}
+	if (r == 0 && waited) { /* learn how long a wait takes (an average over ~8 waits) */
+		uint64_t d = kvs_now_ns() - t0;
+		c->wait_avg_ns = c->wait_avg_ns ? (7 * c->wait_avg_ns + d) / 8 : d;
+	}
 	pthread_mutex_unlock(&c->mu);
+	if (ret_state && r == 0)
+		*ret_state = state;
 	KVS_TRACE(KVS_TP_APP_JOB_DONE, 0);
 	return r;
 }

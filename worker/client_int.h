@@ -161,6 +161,14 @@ struct kvs_client {
 	pthread_cond_t job_cv;
 	struct { uint64_t job; int state; } ring[KVS__JOB_RING];
 	uint64_t ring_n;
+	/* Hybrid polling (kvs_job_wait, on unless KVS_HYBRID_POLL=0): how long
+	 * recent waits took (an average, 0 = none yet; guarded by mu), and
+	 * until when the I/O thread polls without sleeping because a wait
+	 * expects its job's end about now (kvs_now_ns clock; 0 = not). */
+	bool hybrid_poll;
+	uint64_t wait_avg_ns;
+	uint64_t hybrid_windows, hybrid_hits; /* windows polled; job ends seen in one (mu) */
+	_Atomic uint64_t io_spin_until_ns;
 
 	/* I/O thread only */
 	void *zctx, *dealer;

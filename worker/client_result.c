@@ -9,12 +9,13 @@
 #include "client_int.h"
 
 /* The client's own counters, after the server's in a `stats` result. */
-#define CLIENT_STATS 8
+#define CLIENT_STATS 10
 
 static uint32_t client_stats(kvs_client *c, kvs_stat_out *out)
 {
 	pthread_mutex_lock(&c->mu); /* application threads count their lane writes under it */
 	uint64_t frames_out = c->lane.frames_out, direct = c->lane.direct_writes;
+	uint64_t windows = c->hybrid_windows, hits = c->hybrid_hits;
 	pthread_mutex_unlock(&c->mu);
 	const struct {
 		const char *name;
@@ -28,6 +29,8 @@ static uint32_t client_stats(kvs_client *c, kvs_stat_out *out)
 		{"client_lane_frames_out", frames_out},
 		{"client_lane_direct", direct},
 		{"client_lane_frames_in", c->lane.frames_in},
+		{"client_hybrid_windows", windows},
+		{"client_hybrid_hits", hits},
 	};
 	for (uint32_t i = 0; i < CLIENT_STATS; i++) {
 		snprintf(out[i].name, sizeof(out[i].name), "%s", st[i].name);

@@ -338,7 +338,10 @@ KVS_EXPORT uint64_t kvs_stat_find(const kvs_stat_out *st, uint32_t n, const char
 KVS_EXPORT int kvs_admin(kvs_client *c, int cmd, uint32_t wait_ms, int timeout_ms, kvs_admin_info *ret);
 
 /** Waits until a job_done for job has been received (the client remembers the
- * last 4096) and returns its state in *ret_state.
+ * last 4096) and returns its state in *ret_state. The calling thread sleeps
+ * through most of the time recent waits took and polls, with the client's
+ * I/O thread, for a short window around their average (hybrid polling; off
+ * with KVS_HYBRID_POLL=0, docs/library.md).
  * @return 0, or #KVS_E_TIMEOUT. */
 KVS_EXPORT int kvs_job_wait(kvs_client *c, uint64_t job, int timeout_ms, int *ret_state);
 

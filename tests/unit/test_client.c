@@ -454,6 +454,55 @@ START_TEST(hello_and_heartbeats)
 }
 END_TEST
 
+/* kvs_job_wait with the job in u64; its state in n. */
+static int do_job_wait(bg *b)
+{
+	int st = -1;
+	int r = kvs_job_wait(b->c, b->u64, 2000, &st);
+	b->n = (uint32_t)st;
+	return r;
+}
+
+/* Waits of a steady length: after a few, kvs_job_wait polls for a window
+ * around their average (hybrid polling); with KVS_HYBRID_POLL=0 it never
+ * does. Every wait gets its job's state either way. */
+START_TEST(job_wait_polls_around_the_expected_end)
+{
+	for (int on = 1; on >= 0; on--) {
+		if (!on)
+			setenv("KVS_HYBRID_POLL", "0", 1);
+		fs f;
+		fs_start(&f, 1000);
+		kvs_client *c = open_client(&f, 0);
+		unsetenv("KVS_HYBRID_POLL");
+		for (uint64_t j = 1; j <= 16; j++) {
+			bg b = {.c = c, .u64 = j};
+			bg_start(&b, do_job_wait);
+			usleep(3000);
+			kvs_msg push = {.op = KVS_OP_JOB_DONE, .id = 0, .ok = true, .job = j,
+					.state = j % 2 ? KVS_JOB_COMMITTED : KVS_JOB_ABORTED, .reason = kvs_str_c("x")};
+			fs_send(&f, &push);
+			ck_assert_int_eq(bg_join(&b), 0);
+			ck_assert_int_eq((int)b.n, j % 2 ? KVS_JOB_COMMITTED : KVS_JOB_ABORTED);
+		}
+		uint64_t windows = client_stat(&f, c, "client_hybrid_windows");
+		uint64_t hits = client_stat(&f, c, "client_hybrid_hits");
+		ck_assert_uint_le(hits, windows);
+		if (on)
+			ck_assert_uint_gt(windows, 0);
+		else
+			ck_assert_uint_eq(windows, 0);
+		/* a job that ended before the wait: found at once */
+		bg b = {.c = c, .u64 = 3};
+		bg_start(&b, do_job_wait);
+		ck_assert_int_eq(bg_join(&b), 0);
+		ck_assert_int_eq((int)b.n, KVS_JOB_COMMITTED);
+		close_client(&f, c);
+		fs_stop(&f);
+	}
+}
+END_TEST
+
 START_TEST(heartbeat_unanswered_waits_for_its_timeout)
 {
 	fs f;
@@ -550,8 +599,10 @@ START_TEST(results_are_marshalled_per_op)
 	rep = (kvs_msg){.op = KVS_OP_STATS, .id = f.rq.id, .ok = true, .counters = cs, .n_counters = 2};
 	fs_send(&f, &rep);
 	ck_assert_int_eq(bg_join(&b), 0);
-	ck_assert_uint_eq(b.n, 10);
+	ck_assert_uint_eq(b.n, 12);
 	ck_assert_uint_eq(kvs_stat_find(b.stats, b.n, "requests"), 99);
+	ck_assert_uint_eq(kvs_stat_find(b.stats, b.n, "client_hybrid_windows"), 0); /* no job waited */
+	ck_assert_uint_eq(kvs_stat_find(b.stats, b.n, "client_hybrid_hits"), 0);
 	ck_assert_str_eq(b.stats[2].name, "client_heartbeats");
 	ck_assert_uint_ne(kvs_stat_find(b.stats, b.n, "client_heartbeat_delay_max_us"), UINT64_MAX);
 	ck_assert_uint_eq(kvs_stat_find(b.stats, b.n, "client_broker_records"), 0);
@@ -1188,6 +1239,7 @@ static Suite *client_suite(void)
 	TCase *tc = tcase_create("io");
 	tcase_set_timeout(tc, 60);
 	tcase_add_test(tc, hello_and_heartbeats);
+	tcase_add_test(tc, job_wait_polls_around_the_expected_end);
 	tcase_add_test(tc, heartbeat_unanswered_waits_for_its_timeout);
 	tcase_add_test(tc, results_are_marshalled_per_op);
 	tcase_add_test(tc, timeouts_late_and_bad_replies);
