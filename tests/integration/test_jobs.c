@@ -28,10 +28,14 @@ static void world_up(world *w, const char *ttl, const char *deadline, const char
 	kvt_server_init(&w->s, "--ttl-ms", ttl, "--heartbeat-ms", "100", "--job-deadline-ms", deadline,
 			"--drain-ms", drain, "--l1-size", "64M", NULL);
 	ck_assert_int_eq(kvt_server_start(&w->s), 0);
-	w->sched = kvt_client(&w->s, "E", KVS_ROLE_SCHEDULER, 0, W, NULL, NULL);
-	ck_assert_ptr_nonnull(w->sched);
+	/* the ranks are forked before this process has a client (and its
+	 * threads): under ASan a rank forked while the scheduler's threads ran
+	 * (busy polling) once in ~40 runs never reported within 15 s; probably
+	 * a lock held by another thread at the fork (not verified) */
 	for (uint32_t i = 0; i < W; i++)
 		ck_assert_int_eq(kvt_rank_start(&w->r[i], &w->s, "E", i, W), 0);
+	w->sched = kvt_client(&w->s, "E", KVS_ROLE_SCHEDULER, 0, W, NULL, NULL);
+	ck_assert_ptr_nonnull(w->sched);
 }
 
 /* Parts go to the copy engine in waves when KVS_COPY_WAVE makes them
@@ -272,10 +276,10 @@ START_TEST(store_nospace_after_waves)
 	kvt_server_init(&w.s, "--ttl-ms", "3000", "--heartbeat-ms", "100", "--l1-size", "1M", "--copy-wave", "20000",
 			NULL);
 	ck_assert_int_eq(kvt_server_start(&w.s), 0);
+	for (uint32_t i = 0; i < W; i++) /* before this process has a client: see world_up */
+		ck_assert_int_eq(kvt_rank_start(&w.r[i], &w.s, "E", i, W), 0);
 	w.sched = kvt_client(&w.s, "E", KVS_ROLE_SCHEDULER, 0, W, NULL, NULL);
 	ck_assert_ptr_nonnull(w.sched);
-	for (uint32_t i = 0; i < W; i++)
-		ck_assert_int_eq(kvt_rank_start(&w.r[i], &w.s, "E", i, W), 0);
 	/* a chunk is a 20 KiB object of group 0 and a 12 KiB one of group 1;
 	 * job 70 holds 24 chunks (768 KiB) reserved while it is open */
 	kvt_res res;
