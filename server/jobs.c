@@ -671,7 +671,7 @@ static int op_part(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
 	memcpy(p->digest, dg, 16);
 	if (!r)
 		r = part_plan(srv, s, rq, g, p, &pl);
-	kvs_copy_task **rest = pl.tasks + pl.handed; /* what no wave took */
+	kvs_copy_task **rest = pl.tasks ? pl.tasks + pl.handed : NULL; /* what no wave took */
 	uint32_t n_rest = pl.n_tasks - pl.handed;
 	if (rq->op == KVS_OP_STORE && (!r || pl.handed)) {
 		/* the part's objects: reserved now, committed or aborted with the
@@ -719,16 +719,19 @@ static int op_part(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
 	}
 	/* retrieve: answered once the bytes are in place (or it failed) */
 	p->reply_id = rq->id;
-	/* no wave was taken while promotions were pending or after a failure */
+	/* no wave is taken while promotions are pending or after a failure
+	 * (wave_take, plan.h), so the rest is every task here */
 	if (p->promotes_pending) {
+		memmove(pl.tasks, rest, n_rest * sizeof(*rest));
 		p->held = pl.tasks;
-		p->n_held = pl.n_tasks;
+		p->n_held = n_rest;
 		return 0;
 	}
 	if (p->fail_code) {
 		int code = p->fail_code;
 		p->reply_id = 0;
-		kvs_plan_free_tasks(pl.tasks, pl.n_tasks);
+		memmove(pl.tasks, rest, n_rest * sizeof(*rest));
+		kvs_plan_free_tasks(pl.tasks, n_rest);
 		job_abort(srv, job, "rank %u part refused: %s", s->rank, kvs_error_name(code));
 		try_finalize(srv, job);
 		return kvs__fail(srv, code, "%s; nothing was written",

@@ -565,7 +565,6 @@ int kvs_job_wait(kvs_client *c, uint64_t job, int timeout_ms, int *ret_state)
 		return -EDEADLK;
 	struct timespec ts;
 	clock_gettime(CLOCK_REALTIME, &ts);
-	struct timespec now_rt = ts;
 	uint64_t timeout_ns = (uint64_t)kvs__timeout_of(c, timeout_ms) * 1000000ull;
 	add_ns(&ts, timeout_ns);
 	int r = KVS_E_TIMEOUT, state = 0;
@@ -591,8 +590,9 @@ int kvs_job_wait(kvs_client *c, uint64_t job, int timeout_ms, int *ret_state)
 		}
 		if (to && now >= from && now < to) {
 			uint64_t io = atomic_load(&c->io_spin_until_ns);
+			while (io < to && !atomic_compare_exchange_weak(&c->io_spin_until_ns, &io, to))
+				;
 			if (io < to) { /* the I/O thread polls too, from now on */
-				atomic_store(&c->io_spin_until_ns, to);
 				uint64_t one = 1;
 				ssize_t w = write(c->efd, &one, sizeof(one));
 				(void)w;
@@ -604,8 +604,8 @@ int kvs_job_wait(kvs_client *c, uint64_t job, int timeout_ms, int *ret_state)
 		}
 		struct timespec until = ts;
 		if (to && now < from) { /* sleep until the window opens */
-			until = now_rt;
-			add_ns(&until, from - t0);
+			clock_gettime(CLOCK_REALTIME, &until);
+			add_ns(&until, from - now);
 			if (until.tv_sec > ts.tv_sec || (until.tv_sec == ts.tv_sec && until.tv_nsec > ts.tv_nsec))
 				until = ts;
 		}
