@@ -427,29 +427,16 @@ static void reply_state(kvs_server *srv, kvs_session *s, const kvs_msg *rq, uint
 
 static void task_done(kvs_cq_item *it);
 
-/* Hands a part's tasks to the registration's copy engine (chosen at
- * register): one batch on its CUDA stream for device memory (one launch,
- * one completion), the host pool for memfds. */
-static void engine_submit(const kvs_part *p, kvs_copy_task **tasks, uint32_t n, const kvs_bytes *event)
+/* Hands tasks to the copy engine of the part's registration (chosen at
+ * register: one batch on its CUDA stream for device memory, the host pool
+ * for memfds); they count as pending copies of the part from now on. */
+static void part_submit(kvs_server *srv, kvs_part *p, kvs_copy_task **tasks, uint32_t n)
 {
 	if (!n)
 		return;
 	const kvs_job *job = p->job;
-	const kvs_reg *g = p->reg;
-	kvs_copy_part part = {.dir = job->kind == KVS_OP_STORE ? KVS_COPY_TO_L1 : KVS_COPY_FROM_L1, .tasks = tasks,
-			      .n_tasks = n, .event = event ? event->ptr : NULL, .event_len = event ? event->len : 0,
-			      .deadline_ms = job->deadline_ms, .seq = p->seq};
-	KVS_TRACE(KVS_TP_SRV_SUBMIT, n);
-	g->engine->submit(g->engine, g->stream, &part);
-	KVS_TRACE(KVS_TP_SRV_QUEUED, n);
-}
-
-/* Hands tasks to the part's engine; they count as pending copies of the
- * part from now on. */
-static void part_submit(kvs_server *srv, kvs_part *p, kvs_copy_task **tasks, uint32_t n)
-{
 	p->copies_pending += n;
-	if (p->job->kind == KVS_OP_STORE)
+	if (job->kind == KVS_OP_STORE)
 		srv->jobs->st.store_objects += n;
 	else
 		srv->jobs->st.retrieve_objects += n;
@@ -457,7 +444,12 @@ static void part_submit(kvs_server *srv, kvs_part *p, kvs_copy_task **tasks, uin
 		tasks[i]->owner = p;
 		tasks[i]->cq.done = task_done;
 	}
-	engine_submit(p, tasks, n, p->event);
+	kvs_copy_part part = {.dir = job->kind == KVS_OP_STORE ? KVS_COPY_TO_L1 : KVS_COPY_FROM_L1, .tasks = tasks,
+			      .n_tasks = n, .event = p->event ? p->event->ptr : NULL,
+			      .event_len = p->event ? p->event->len : 0, .deadline_ms = job->deadline_ms, .seq = p->seq};
+	KVS_TRACE(KVS_TP_SRV_SUBMIT, n);
+	p->reg->engine->submit(p->reg->engine, p->reg->stream, &part);
+	KVS_TRACE(KVS_TP_SRV_QUEUED, n);
 }
 
 /* A wave of a long part (plan.h): to the engine at once, unless the part

@@ -404,27 +404,36 @@ int kvs_plan_retrieve(kvs_planner *P, const kvs_plan_who *who, const kvs_reg *g,
 	uint64_t max = (uint64_t)rq->n_keys * g->n_groups;
 	pl->objs = calloc(max ? max : 1, sizeof(*pl->objs));
 	pl->tasks = calloc(max ? max : 1, sizeof(*pl->tasks));
-	kvs_copy_task **spare = calloc(max ? max : 1, sizeof(*spare)); /* allocated up front */
-	if (!pl->objs || !pl->tasks || !spare) {
-		free(spare);
+	/* one slot per object the part writes, in (group, chunk) order */
+	struct slot {
+		kvs_copy_task *t; /* allocated up front; NULL once built into pl->tasks */
+		const uint8_t *from;
+		uint32_t gi, k;
+	} *sl = calloc(max ? max : 1, sizeof(*sl));
+	if (!pl->objs || !pl->tasks || !sl) {
+		free(sl);
 		return fail(pl, KVS_E_INTERNAL, "out of memory");
 	}
 	/* every task allocated first: nothing fails for want of memory once a
 	 * wave was taken */
-	uint32_t n_spare = 0;
+	uint32_t n = 0;
 	bool want[4096];
 	for (uint32_t gi = 0; gi < g->n_groups; gi++) {
 		const kvs_reg_group *G = &g->groups[gi];
 		uint32_t bpc = G->desc.blocks_per_chunk;
 		for (uint32_t k = 0; k < rq->n_keys; k++) {
-			const int64_t *ids = rq->blocks.ids[gi] + (size_t)k * bpc;
-			if (wanted(G, rq->n_keys, k, ids, rq->skip_tokens, want) <= 0)
+			if (wanted(G, rq->n_keys, k, rq->blocks.ids[gi] + (size_t)k * bpc, rq->skip_tokens, want) <= 0)
 				continue;
-			if (!(spare[n_spare] = task_new((uint64_t)G->n_layers * bpc))) {
-				kvs_plan_free_tasks(spare, n_spare);
+			sl[n] = (struct slot){.t = task_new((uint64_t)G->n_layers * bpc), .gi = gi, .k = k};
+			if (!sl[n].t) {
+				while (n--) {
+					free(sl[n].t->segs);
+					free(sl[n].t);
+				}
+				free(sl);
 				return fail(pl, KVS_E_INTERNAL, "out of memory");
 			}
-			n_spare++;
+			n++;
 		}
 	}
 	/* pass 2 fetches (pins or promotes) every object, pass 3 builds the
@@ -434,45 +443,34 @@ int kvs_plan_retrieve(kvs_planner *P, const kvs_plan_who *who, const kvs_reg *g,
 	 * started a copy */
 	wave_state ws;
 	wave_init(&ws, wave);
-	const uint8_t **from = calloc(n_spare ? n_spare : 1, sizeof(*from));
-	for (uint32_t pass = ready ? 3 : 2; pass <= 3 && from && !pl->stopped; pass++) {
-		uint32_t t = 0;
-		for (uint32_t gi = 0; gi < g->n_groups && !pl->stopped; gi++) {
-			const kvs_reg_group *G = &g->groups[gi];
-			uint32_t bpc = G->desc.blocks_per_chunk;
-			for (uint32_t k = 0; k < rq->n_keys && !pl->stopped; k++) {
-				const int64_t *ids = rq->blocks.ids[gi] + (size_t)k * bpc;
-				if (wanted(G, rq->n_keys, k, ids, rq->skip_tokens, want) <= 0)
-					continue;
-				if (pass == 2 || ready) {
-					kvs_objkey key;
-					kvs_obj_key(&key, who->ns, who->world, who->rank, G->desc.id,
-						    rq->keys + (size_t)k * KVS_KEY_BYTES);
-					pl->stopped = src->fetch(src->arg, pl, &key, G, &from[t]);
-				}
-				if (pass == 3 && !pl->stopped) {
-					wave_offer(&ws, pl);
-					kvs_copy_task *task = spare[t];
-					spare[t] = NULL;
-					task->l1 = (uint8_t *)from[t];
-					task->l1_len = G->obj_bytes;
-					retrieve_segs(g, G, ids, want, from[t], task);
-					pl->tasks[pl->n_tasks++] = task;
-					ws.bytes += task->l1_len;
-				}
-				t++;
+	for (uint32_t pass = ready ? 3 : 2; pass <= 3 && !pl->stopped; pass++)
+		for (uint32_t t = 0; t < n && !pl->stopped; t++) {
+			const kvs_reg_group *G = &g->groups[sl[t].gi];
+			const int64_t *ids = rq->blocks.ids[sl[t].gi] + (size_t)sl[t].k * G->desc.blocks_per_chunk;
+			if (pass == 2 || ready) {
+				kvs_objkey key;
+				kvs_obj_key(&key, who->ns, who->world, who->rank, G->desc.id,
+					    rq->keys + (size_t)sl[t].k * KVS_KEY_BYTES);
+				pl->stopped = src->fetch(src->arg, pl, &key, G, &sl[t].from);
+			}
+			if (pass == 3 && !pl->stopped) {
+				(void)wanted(G, rq->n_keys, sl[t].k, ids, rq->skip_tokens, want);
+				wave_offer(&ws, pl);
+				kvs_copy_task *task = sl[t].t;
+				sl[t].t = NULL;
+				task->l1 = (uint8_t *)sl[t].from;
+				task->l1_len = G->obj_bytes;
+				retrieve_segs(g, G, ids, want, sl[t].from, task);
+				pl->tasks[pl->n_tasks++] = task;
+				ws.bytes += task->l1_len;
 			}
 		}
-	}
-	if (!from)
-		pl->stopped = KVS_E_INTERNAL;
-	free(from);
-	for (uint32_t i = 0; i < n_spare; i++) /* not built: the part stopped */
-		if (spare[i]) {
-			free(spare[i]->segs);
-			free(spare[i]);
+	for (uint32_t t = 0; t < n; t++) /* not built: the part stopped */
+		if (sl[t].t) {
+			free(sl[t].t->segs);
+			free(sl[t].t);
 		}
-	free(spare);
+	free(sl);
 	return 0;
 }
 

@@ -522,11 +522,17 @@ static int ring_find(const kvs_client *c, uint64_t job, int *state)
 }
 
 /* Spins (without the lock, which the I/O thread takes to push) until the
- * ring's count moves or until `until`; under mu, returns under mu. */
-static void spin_ring(kvs_client *c, uint64_t until)
+ * ring's count moves or until `until`, after waking the I/O thread if
+ * `kick`; under mu, returns under mu. */
+static void spin_ring(kvs_client *c, uint64_t until, bool kick)
 {
 	uint64_t seen = c->ring_n;
 	pthread_mutex_unlock(&c->mu);
+	if (kick) {
+		uint64_t one = 1;
+		ssize_t w = write(c->efd, &one, sizeof(one));
+		(void)w;
+	}
 	while (__atomic_load_n(&c->ring_n, __ATOMIC_ACQUIRE) == seen && kvs_now_ns() < until)
 		cpu_relax();
 	pthread_mutex_lock(&c->mu);
@@ -585,21 +591,16 @@ int kvs_job_wait(kvs_client *c, uint64_t job, int timeout_ms, int *ret_state)
 		polled = false;
 		uint64_t now = kvs_now_ns();
 		if (spin_end && now < spin_end) { /* KVS_BUSY_POLL_US */
-			spin_ring(c, spin_end);
+			spin_ring(c, spin_end, false);
 			continue;
 		}
 		if (to && now >= from && now < to) {
 			uint64_t io = atomic_load(&c->io_spin_until_ns);
 			while (io < to && !atomic_compare_exchange_weak(&c->io_spin_until_ns, &io, to))
 				;
-			if (io < to) { /* the I/O thread polls too, from now on */
-				uint64_t one = 1;
-				ssize_t w = write(c->efd, &one, sizeof(one));
-				(void)w;
-			}
 			c->hybrid_windows += !waited_in_window;
 			waited_in_window = polled = true;
-			spin_ring(c, to);
+			spin_ring(c, to, io < to); /* the I/O thread polls too, from now on */
 			continue;
 		}
 		struct timespec until = ts;

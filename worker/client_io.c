@@ -490,9 +490,10 @@ void *kvs__io_main(void *arg)
 		if (lev)
 			it[li = n++] = (zmq_pollitem_t){.fd = c->lane.fd, .events = lev};
 		long to = poll_timeout(c, kvs_now_ms());
-		if (c->busy_poll_ns && kvs_now_ns() - c->last_io_ns < c->busy_poll_ns)
+		uint64_t now_ns = kvs_now_ns();
+		if (c->busy_poll_ns && now_ns - c->last_io_ns < c->busy_poll_ns)
 			to = 0; /* busy poll (KVS_BUSY_POLL_US) */
-		if (kvs_now_ns() < atomic_load(&c->io_spin_until_ns))
+		if (now_ns < atomic_load(&c->io_spin_until_ns))
 			to = 0; /* a job_wait expects its job's end about now (hybrid polling) */
 		if (zmq_poll(it, n, to) > 0 && c->busy_poll_ns)
 			c->last_io_ns = kvs_now_ns();

@@ -1125,6 +1125,17 @@ static void open_attaching(fs *f, bg *b, int *lane)
 	setenv("KVS_LANE", "0", 1);
 }
 
+/* A client whose lane the server attached: open_attaching, the `lane`
+ * request answered, kvs_client_open returned. */
+static kvs_client *open_laned(fs *f, int *lane)
+{
+	bg b;
+	open_attaching(f, &b, lane);
+	fs_ok(f, KVS_OP_LANE, f->rq.id);
+	ck_assert_int_eq(bg_join(&b), 0);
+	return b.c;
+}
+
 /* A server without lanes answers E_UNKNOWN_OP: the client stays on ZeroMQ.
  * While the attach waits, heartbeats go on (the session must not lapse). */
 START_TEST(lane_refused_stays_on_zmq)
@@ -1157,12 +1168,8 @@ START_TEST(lane_carries_requests_until_closed)
 {
 	fs f;
 	fs_start(&f, 1000);
-	bg b;
 	int lane;
-	open_attaching(&f, &b, &lane);
-	fs_ok(&f, KVS_OP_LANE, f.rq.id);
-	ck_assert_int_eq(bg_join(&b), 0);
-	kvs_client *c = b.c;
+	kvs_client *c = open_laned(&f, &lane);
 	/* a stats request comes on the lane, its reply goes back on it */
 	bg s = {.f = &f, .c = c};
 	bg_start(&s, do_stats);
@@ -1196,12 +1203,8 @@ START_TEST(lane_requests_fail_at_a_restart)
 {
 	fs f;
 	fs_start(&f, 100);
-	bg b;
 	int lane;
-	open_attaching(&f, &b, &lane);
-	fs_ok(&f, KVS_OP_LANE, f.rq.id);
-	ck_assert_int_eq(bg_join(&b), 0);
-	kvs_client *c = b.c;
+	kvs_client *c = open_laned(&f, &lane);
 	bg l = {.f = &f, .c = c, .timeout_ms = 30000};
 	bg_start(&l, do_lookup);
 	kvs_msg rq = {0};
