@@ -20,30 +20,35 @@
 static const uint8_t LANE_MAGIC[3] = {0x00, 'L', 'N'};
 #define LANE_HDR 11
 #define READ_BUDGET (1u << 20) /* bytes read from one lane per loop iteration */
+#define CORK_MAX (256u << 10)   /* bytes a lane collects before it writes mid-iteration */
 
 /* One lane. Invariants: fd >= 0 while open; a dead lane (closed fd) is only
  * waiting for the sweep at the end of the loop step that killed it, because
- * the read loop may still be walking its buffer. out holds at most one
- * message (the one a full socket cut short); the session's lane_id names
- * this lane while both are alive. */
+ * the read loop may still be walking its buffer. out[out_off..out_len) are
+ * framed bytes (length prefix and message, in order) not yet written: the
+ * replies of this loop iteration, written together by kvs__lanes_flush, or,
+ * when blocked, what a full socket would not take (then nothing is added
+ * until POLLOUT wrote it all); the session's lane_id names this lane while
+ * both are alive. */
 typedef struct kvs_lane {
 	uint64_t id; /* key */
 	uint64_t session;
 	int fd;
 	bool dead;
+	bool blocked; /* the socket refused bytes: out waits for POLLOUT */
 	int peer;        /* kvs_peer_kind of the `lane` request: the lane's requests' */
 	uint8_t ident[KVS_MAX_IDENT]; /* its lane ident */
 	size_t ident_len;
 	kvs_frame_in in; /* received bytes not yet handled */
-	uint8_t hdr[4];  /* the length prefix of out */
-	void *out;       /* the message being written, or NULL */
-	size_t out_len, out_off; /* out_off counts the 4 prefix bytes too */
+	uint8_t *out;    /* owned; NULL until the first reply */
+	size_t out_len, out_off, out_cap;
 } kvs_lane;
 
 struct kvs_lanes {
 	kvs_htab *by_id;
 	kvs_lane **list; /* open and dead lanes, in no order */
 	int n, cap;
+	int corked; /* lanes given bytes this iteration (an upper bound) */
 	uint64_t next_id;
 	kvs_lane_stats st;
 };
@@ -84,6 +89,15 @@ int kvs__lanes_create(kvs_server *srv)
 	return 0;
 }
 
+/* Hands the socket what l still holds, if it takes it now (the last
+ * replies before a close: a bye's answer, say). */
+static void last_words(kvs_lane *l)
+{
+	if (l->fd >= 0 && l->out_len > l->out_off)
+		(void)send(l->fd, l->out + l->out_off, l->out_len - l->out_off, MSG_DONTWAIT | MSG_NOSIGNAL);
+	l->out_off = l->out_len = 0;
+}
+
 static void lane_free(kvs_lane *l)
 {
 	if (l->fd >= 0)
@@ -98,19 +112,25 @@ void kvs__lanes_destroy(kvs_server *srv)
 	struct kvs_lanes *L = srv->lanes;
 	if (!L)
 		return;
-	for (int i = 0; i < L->n; i++)
-		lane_free(L->list[i]);
+	for (int i = 0; i < L->n; i++) {
+		kvs_lane *l = L->list[i];
+		if (!l->dead)
+			last_words(l);
+		lane_free(l);
+	}
 	free(L->list);
 	kvs_htab_destroy(L->by_id);
 	free(L);
 	srv->lanes = NULL;
 }
 
-/* Closes l now; its memory goes at the next sweep. */
+/* Closes l now, after a last write of what it holds; its memory goes at the
+ * next sweep. */
 static void lane_kill(kvs_server *srv, kvs_lane *l, const char *why)
 {
 	if (l->dead)
 		return;
+	last_words(l);
 	kvs_dbg("lane %llu of session %016llx closed (%s)", (unsigned long long)l->id,
 		(unsigned long long)l->session, why);
 	l->dead = true;
@@ -269,32 +289,47 @@ static void lane_read(kvs_server *srv, kvs_lane *l)
 
 /* ---- writing ------------------------------------------------------------------ */
 
-/* Writes what is left of l->out. Returns true when it is all out. */
+/* Writes out[out_off..out_len) with as few system calls as the socket allows.
+ * Returns true when it is all out (the buffer is kept for the next replies);
+ * false when the socket is full (blocked: POLLOUT) or the lane died. */
 static bool flush(kvs_server *srv, kvs_lane *l)
 {
-	while (l->out) {
-		struct iovec iov[2];
-		int n = 0;
-		if (l->out_off < 4)
-			iov[n++] = (struct iovec){l->hdr + l->out_off, 4 - l->out_off};
-		size_t boff = l->out_off < 4 ? 0 : l->out_off - 4;
-		iov[n++] = (struct iovec){(uint8_t *)l->out + boff, l->out_len - boff};
-		struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)n};
-		ssize_t w = sendmsg(l->fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
+	while (l->out_off < l->out_len) {
+		ssize_t w = send(l->fd, l->out + l->out_off, l->out_len - l->out_off, MSG_DONTWAIT | MSG_NOSIGNAL);
 		if (w < 0) {
 			if (errno == EINTR)
 				continue;
-			if (errno == EAGAIN || errno == EWOULDBLOCK)
+			if (errno == EAGAIN || errno == EWOULDBLOCK) {
+				l->blocked = true;
 				return false;
+			}
 			lane_kill(srv, l, strerror(errno));
 			return false;
 		}
 		l->out_off += (size_t)w;
-		if (l->out_off == l->out_len + 4) {
-			free(l->out);
-			l->out = NULL;
-		}
+		srv->lanes->st.writes++;
 	}
+	l->out_off = l->out_len = 0;
+	l->blocked = false;
+	return true;
+}
+
+/* Appends a frame (prefix and len bytes) to l->out; false if out of memory. */
+static bool append(kvs_lane *l, const void *buf, size_t len)
+{
+	size_t need = l->out_len + 4 + len;
+	if (need > l->out_cap) {
+		size_t cap = l->out_cap ? l->out_cap : 1024;
+		while (cap < need)
+			cap *= 2;
+		uint8_t *o = realloc(l->out, cap);
+		if (!o)
+			return false;
+		l->out = o, l->out_cap = cap;
+	}
+	kvs_frame_hdr(l->out + l->out_len, (uint32_t)len);
+	memcpy(l->out + l->out_len + 4, buf, len);
+	l->out_len = need;
 	return true;
 }
 
@@ -306,22 +341,39 @@ bool kvs__lane_send(kvs_server *srv, const void *ident, size_t ident_len, void *
 	if (!L)
 		return false;
 	kvs_lane *l = kvs_htab_get(L->by_id, &id);
-	if (!l || l->dead || l->out) {
+	if (!l || l->dead || l->blocked) {
 		L->st.diverted++;
 		return false;
 	}
-	kvs_frame_hdr(l->hdr, (uint32_t)len);
-	l->out = buf;
-	l->out_len = len;
-	l->out_off = 0;
-	flush(srv, l);
-	if (l->dead) { /* the write failed: lane_kill freed nothing, buf is still out */
-		l->out = NULL;
+	/* a lane that collected CORK_MAX writes now, so one iteration's
+	 * replies never hold much memory */
+	if (l->out_len - l->out_off + len > CORK_MAX && l->out_len > l->out_off && !flush(srv, l)) {
 		L->st.diverted++;
 		return false;
 	}
+	if (l->out_len == l->out_off)
+		L->corked++;
+	if (!append(l, buf, len)) {
+		L->st.diverted++;
+		return false;
+	}
+	free(buf);
 	L->st.replies++;
 	return true;
+}
+
+void kvs__lanes_flush(kvs_server *srv)
+{
+	struct kvs_lanes *L = srv->lanes;
+	if (!L || !L->corked)
+		return;
+	L->corked = 0;
+	for (int i = 0; i < L->n; i++) {
+		kvs_lane *l = L->list[i];
+		if (!l->dead && !l->blocked && l->out_len > l->out_off)
+			flush(srv, l);
+	}
+	sweep(L);
 }
 
 /* ---- the loop ------------------------------------------------------------------ */
@@ -333,7 +385,7 @@ int kvs__lanes_items(kvs_server *srv, zmq_pollitem_t *items, int cap)
 	sweep(L); /* items[i] is L->list[i] until kvs__lanes_ready */
 	for (int i = 0; i < L->n && n < cap; i++) {
 		kvs_lane *l = L->list[i];
-		items[n++] = (zmq_pollitem_t){.fd = l->fd, .events = (short)(ZMQ_POLLIN | (l->out ? ZMQ_POLLOUT : 0))};
+		items[n++] = (zmq_pollitem_t){.fd = l->fd, .events = (short)(ZMQ_POLLIN | (l->blocked ? ZMQ_POLLOUT : 0))};
 	}
 	return n;
 }
@@ -346,7 +398,7 @@ void kvs__lanes_ready(kvs_server *srv, const zmq_pollitem_t *items, int n)
 		kvs_lane *l = L->list[i];
 		if (l->dead || l->fd != items[i].fd)
 			continue;
-		if (items[i].revents & ZMQ_POLLOUT)
+		if (l->blocked && (items[i].revents & ZMQ_POLLOUT))
 			flush(srv, l);
 		if (!l->dead && (items[i].revents & (ZMQ_POLLIN | ZMQ_POLLERR)))
 			lane_read(srv, l);

@@ -10,8 +10,9 @@
  * the ZeroMQ routing id of the `lane` request). Requests read from a lane
  * are dispatched with that ident, so sessions, held requests and deferred
  * replies need no change; reply.c hands every message for a lane ident to
- * kvs__lane_send, and what a lane cannot take (gone, or still writing an
- * earlier message) goes to the embedded ZeroMQ routing id instead: replies
+ * kvs__lane_send, which collects them until the loop iteration ends
+ * (kvs__lanes_flush); what a lane cannot take (gone, or its socket full of
+ * earlier bytes) goes to the embedded ZeroMQ routing id instead: replies
  * may arrive out of order (§4).
  *
  * Main-loop thread only. */
@@ -45,10 +46,16 @@ int kvs__lanes_count(const kvs_server *srv);
 bool kvs__is_lane_ident(const void *ident, size_t ident_len);
 /* The ZeroMQ routing id inside a lane ident (ident itself otherwise). */
 void kvs__zmq_ident(const void **ident, size_t *ident_len);
-/* reply.c: sends buf (len bytes, malloc'd) on the lane named by a lane
- * ident. Returns true if the lane took it (buf is owned by the lane now),
- * false when the caller must send it over ZeroMQ (buf still the caller's). */
+/* reply.c: queues buf (len bytes, malloc'd) for the lane named by a lane
+ * ident. Returns true if the lane took it (buf is freed: its bytes are in the
+ * lane's buffer), false when the caller must send it over ZeroMQ (buf still
+ * the caller's). The bytes leave at kvs__lanes_flush. */
 bool kvs__lane_send(kvs_server *srv, const void *ident, size_t ident_len, void *buf, size_t len);
+/* The end of a loop iteration: every lane writes what it was given during
+ * it, in one system call where the socket takes it all (a job's replies
+ * to one session, say a store's, its complete's and the job_done push,
+ * leave together). A lane whose socket is full keeps the rest for POLLOUT. */
+void kvs__lanes_flush(kvs_server *srv);
 
 typedef struct kvs_lane_stats {
 	uint64_t open;      /* lanes open now */
@@ -57,6 +64,7 @@ typedef struct kvs_lane_stats {
 	uint64_t requests;  /* cum. requests read from lanes */
 	uint64_t replies;   /* cum. replies and pushes written to lanes */
 	uint64_t diverted;  /* cum. replies for a lane sent over ZeroMQ instead */
+	uint64_t writes;    /* cum. system calls that wrote lane bytes */
 } kvs_lane_stats;
 void kvs__lanes_stats(const kvs_server *srv, kvs_lane_stats *out);
 

@@ -875,9 +875,12 @@ int kvs_server_run(kvs_server *srv, int sigfd)
 			kvs__server_tick(srv);
 			next_tick = srv->now_ms + KVS_TICK_MS;
 		}
+		/* this iteration's replies to each lane, in one write per lane */
+		kvs__lanes_flush(srv);
 		if (!idle)
 			srv->busy_ns += thread_cpu_ns() - busy0;
 	}
+	kvs__lanes_flush(srv);
 	free(items);
 	return 0;
 }

@@ -92,6 +92,8 @@ static const family families[] = {
 	{"sessions_opened_total", "counter", "Sessions opened by hello.", 0, {{"sessions_opened", ""}}},
 	{"lanes", "gauge", "Job lanes attached (local sessions talking over a socket pair).", 0, {{"lanes_open", ""}}},
 	{"lane_requests_total", "counter", "Requests read from job lanes.", 0, {{"lane_requests", ""}}},
+	{"lane_writes_total", "counter", "System calls that wrote replies to job lanes (one per lane and loop iteration).", 0,
+	 {{"lane_writes", ""}}},
 	{"lane_replies_total", "counter", "Replies and pushes for job lanes, by path.", 0,
 	 {{"lane_replies", "path=\"lane\""}, {"lane_replies_diverted", "path=\"zeromq\""}}},
 	{"lanes_closed_bad_total", "counter", "Job lanes closed for a bad frame or a read error.", 0,

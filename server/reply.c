@@ -99,7 +99,7 @@ static void send_frames(kvs_server *srv, const void *ident, size_t ident_len, vo
 {
 	struct kvs_peers *P = srv->peers;
 	if (kvs__is_lane_ident(ident, ident_len)) {
-		/* a lane writes it now or never: what it cannot take goes to the
+		/* a lane takes it now or never: what it cannot take goes to the
 		 * lane's ZeroMQ routing id (lane.h) */
 		if (kvs__lane_send(srv, ident, ident_len, buf, len))
 			return;

@@ -5,8 +5,9 @@ A lane is one end of an AF_UNIX stream socket pair, parked in the fd broker
 and claimed with a `lane` request over ZeroMQ; its frames are a 4-byte
 little-endian length and one msgpack message. Cases:
 
-  * attach, then requests and their replies over the lane, in order, among
-    them a 4,096-key lookup (larger than a socket buffer) and a message just
+  * attach, then requests and their replies over the lane, in order (50
+    requests in one write: their replies leave in one write too, the loop
+    iteration's, counted in lane_writes), among them a 4,096-key lookup (larger than a socket buffer) and a message just
     above the size limit (E_LIMIT, lane kept);
   * a lane that is not read: the replies the socket cannot take go to the
     session's DEALER instead, each request answered exactly once;
@@ -181,10 +182,15 @@ class T:
         lane = self.attach(self.dealer, self.session)
         check(self.stat("lanes_open") == 1, "lanes_open")
         ids = [self.rid() for _ in range(50)]
+        w0, r0 = self.stat("lane_writes"), self.stat("lane_replies")
         lane.send_raw(b"".join(frame(pack({"v": 1, "op": "heartbeat", "id": i, "session": self.session}))
                                for i in ids))
         got = [lane.recv() for _ in ids]
         check([r["id"] for r in got] == ids, "replies out of order: %r" % [r["id"] for r in got])
+        # the loop read the 50 in one go (two, if the read split them) and
+        # wrote their replies together at the end of that iteration
+        writes, replies = self.stat("lane_writes") - w0, self.stat("lane_replies") - r0
+        check(replies == 50 and 1 <= writes <= 2, "50 replies in %d writes (%d replies counted)" % (writes, replies))
         check(all(r["ok"] and r["op"] == "heartbeat" for r in got), "heartbeats failed")
         # larger than a socket buffer: the server reads it in pieces
         keys = [os.urandom(32) for _ in range(4096)]
