@@ -150,8 +150,11 @@ void kvs_copy_pool_submit(kvs_copy_pool *p, kvs_copy_task *t)
 	else
 		p->q_head = t;
 	p->q_tail = t;
-	pthread_cond_signal(&p->cv);
 	pthread_mutex_unlock(&p->mu);
+	/* after the unlock: the woken thread finds the mutex free, so the
+	 * submitter's unlock need not wake it a second time (a futex call each
+	 * way per part, seen in the loop's profile) */
+	pthread_cond_signal(&p->cv);
 }
 
 /* Runs one task here and posts it, as a pool thread would. */
