@@ -21,6 +21,7 @@ static const uint8_t LANE_MAGIC[3] = {0x00, 'L', 'N'};
 #define LANE_HDR 11
 #define READ_BUDGET (1u << 20) /* bytes read from one lane per loop iteration */
 #define CORK_MAX (256u << 10)   /* bytes a lane collects before it writes mid-iteration */
+#define KEEP_MAX (16u << 10)    /* an emptied buffer larger than this is freed */
 
 /* One lane. Invariants: fd >= 0 while open; a dead lane (closed fd) is only
  * waiting for the sweep at the end of the loop step that killed it, because
@@ -311,6 +312,11 @@ static bool flush(kvs_server *srv, kvs_lane *l)
 	}
 	l->out_off = l->out_len = 0;
 	l->blocked = false;
+	if (l->out_cap > KEEP_MAX) { /* a burst's buffer does not stay */
+		free(l->out);
+		l->out = NULL;
+		l->out_cap = 0;
+	}
 	return true;
 }
 
