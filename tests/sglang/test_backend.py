@@ -154,6 +154,11 @@ class TwoRanks(unittest.TestCase):
             self.assertEqual(done[0][name], [140 * PAGE, 60 * PAGE], name)
             # MLA: SGLang backs up from TP rank 0 only (backup_skip)
             self.assertEqual(done[1][name], [0, 0] if mla else [140 * PAGE, 60 * PAGE], name)
+        # each rank's set is one message: the part carries its complete
+        for r, res in enumerate(ranks.call("stats")):
+            for name, st in res.items():
+                self.assertEqual(st["set_messages"], st["sets"], "rank %d %s: %s" % (r, name, st))
+            self.assertGreater(sum(st["sets"] for st in res.values()), 0, res)
 
         want = [140, 60, 100, 0]
         for r, res in enumerate(ranks.call("exists", [p1, p2, p3, p4])):

@@ -337,6 +337,10 @@ class Connector(Base):
         res = eng.run(first)
         self.assert_outputs(res, model, first)
         self.assertEqual(self.ext(res, "a"), 0)
+        # each rank's store is one message: the part carries its complete
+        st = res["stats"]
+        self.assertGreater(st.get("stores", 0), 0, st)
+        self.assertEqual(st.get("store_messages"), st["stores"], st)
         later = [{"id": "b", "prompt": shared + prompt(13, 40), "max_tokens": 6},
                  {"id": "c", "prompt": shared[:150] + prompt(14, 20), "max_tokens": 4, "arrive": 1},
                  {"id": "d", "prompt": prompt(15, 120), "max_tokens": 3}]

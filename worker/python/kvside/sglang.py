@@ -311,7 +311,7 @@ class KvsideStorage(HiCacheStorage):
                       "sets": 0, "set_pages": 0, "set_failed_pages": 0, "jobs_deadline": 0,
                       "reconnects": 0, "v2_exists_calls": 0, "v2_gets": 0, "v2_get_pages": 0,
                       "v2_get_failed_pages": 0, "v2_sets": 0, "v2_set_pages": 0, "v2_set_failed_pages": 0,
-                      "trailing_search_capped": 0}
+                      "trailing_search_capped": 0, "set_messages": 0}
         self._warned = 0.0
 
     # -- registration
@@ -658,9 +658,12 @@ class KvsideStorage(HiCacheStorage):
         c = reg.client
         reconnects = c.reconnects
         try:
-            p = c.store_async(job, b"".join(kk), [pages], timeout_ms=self.cfg.timeout_ms)
-            c.complete_async(job, True, timeout_ms=self.cfg.timeout_ms)
-            p.result(self.cfg.timeout_ms / 1000.0 + 1.0)
+            # one message per rank and job (protocol.md 6.7): the part
+            # carries this rank's complete and is answered when the job
+            # ends, so it waits as long as a store may (store_wait_ms)
+            p = c.store_complete_async(job, b"".join(kk), [pages], timeout_ms=self.cfg.store_wait_ms)
+            self.stats["set_messages"] += 1
+            p.result(self.cfg.store_wait_ms / 1000.0 + 1.0)
         except kvside.KvsideError as e:
             if e.code_name == "E_JOB_CONFLICT":
                 log.warning("kvside: set of %d pages of pool %r refused: another rank sent other pages under "

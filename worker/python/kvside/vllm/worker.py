@@ -3,9 +3,12 @@
 Holds a ``worker``-role kvside session with one registration of the rank's
 KV caches, and runs the jobs the scheduler half planned: a load is a
 retrieve part and its complete sent back to back (the retrieve's reply
-means this rank's bytes are in place); a store is a store part and its
-complete (the job's ``job_done`` means every rank's copies ended, after
-which vLLM may reuse the blocks).
+means this rank's bytes are in place); a store is one store part that
+carries this rank's complete (``store_complete_async``: one message per rank
+and job; a store whose blocks hold no valid KV sends its part and a failed
+complete instead). The job's end (``job_done``, or the part's reply, which
+comes then) means every rank's copies ended, after which vLLM may reuse the
+blocks.
 
 Ownership and invariants:
 - ``_stores[job]`` is a store this rank submitted whose end it has not seen;
@@ -54,7 +57,7 @@ class WorkerSide:
         self._cuda_sync = None
         self._failed_now = set()  # requests whose synchronous load failed this step
         self.stats = {"loads": 0, "load_errors": 0, "stores": 0,
-                      "store_failures": 0, "save_waits_ms": 0}
+                      "store_failures": 0, "save_waits_ms": 0, "store_messages": 0}
 
     # ---- registration -----------------------------------------------------------------------
 
@@ -238,9 +241,20 @@ class WorkerSide:
                 self.stats["store_failures"] += 1
                 self._end_store(job)   # no job_done may come (session lost)
         try:
-            rec.part = self.client.store_async(op.job, op.keys, op.blocks, timeout_ms=self.cfg.timeout_ms,
-                                               callback=refused, event_hashes=op.names)
-            self.client.complete_async(op.job, ok, timeout_ms=self.cfg.timeout_ms)
+            if ok:
+                # one message per rank and job (protocol.md 6.7): the part
+                # carries this rank's complete, and its reply comes at the
+                # job's end (a job_done event as well), so it may take as
+                # long as the fence waits for a save
+                rec.part = self.client.store_complete_async(op.job, op.keys, op.blocks,
+                                                            timeout_ms=self.cfg.save_wait_ms,
+                                                            callback=refused, event_hashes=op.names)
+                self.stats["store_messages"] += 1
+            else:
+                rec.part = self.client.store_async(op.job, op.keys, op.blocks, timeout_ms=self.cfg.timeout_ms,
+                                                   callback=refused, event_hashes=op.names)
+                self.client.complete_async(op.job, False, timeout_ms=self.cfg.timeout_ms)
+                self.stats["store_messages"] += 2
         except kvside.KvsideError as e:
             log.warning("kvside: store of %s not sent (%s)", op.req_id, e)
             self.stats["store_failures"] += 1
