@@ -29,8 +29,8 @@ static const uint8_t LANE_MAGIC[3] = {0x00, 'L', 'N'};
  * framed bytes (length prefix and message, in order) not yet written: the
  * replies of this loop iteration, written together by kvs__lanes_flush, or,
  * when blocked, what a full socket would not take (then nothing is added
- * until POLLOUT wrote it all); the session's lane_id names this lane while
- * both are alive. */
+ * until POLLOUT wrote it all); out_off is 0 unless blocked. The session's
+ * lane_id names this lane while both are alive. */
 typedef struct kvs_lane {
 	uint64_t id; /* key */
 	uint64_t session;
@@ -113,12 +113,8 @@ void kvs__lanes_destroy(kvs_server *srv)
 	struct kvs_lanes *L = srv->lanes;
 	if (!L)
 		return;
-	for (int i = 0; i < L->n; i++) {
-		kvs_lane *l = L->list[i];
-		if (!l->dead)
-			last_words(l);
-		lane_free(l);
-	}
+	for (int i = 0; i < L->n; i++)
+		lane_free(L->list[i]);
 	free(L->list);
 	kvs_htab_destroy(L->by_id);
 	free(L);
@@ -351,13 +347,13 @@ bool kvs__lane_send(kvs_server *srv, const void *ident, size_t ident_len, void *
 		L->st.diverted++;
 		return false;
 	}
-	/* a lane that collected CORK_MAX writes now, so one iteration's
-	 * replies never hold much memory */
-	if (l->out_len - l->out_off + len > CORK_MAX && l->out_len > l->out_off && !flush(srv, l)) {
+	/* not blocked, so out_off is 0. A lane that collected CORK_MAX writes
+	 * now, so one iteration's replies never hold much memory */
+	if (l->out_len && l->out_len + len > CORK_MAX && !flush(srv, l)) {
 		L->st.diverted++;
 		return false;
 	}
-	if (l->out_len == l->out_off)
+	if (!l->out_len)
 		L->corked++;
 	if (!append(l, buf, len)) {
 		L->st.diverted++;

@@ -881,7 +881,6 @@ int kvs_server_run(kvs_server *srv, int sigfd)
 		if (!idle)
 			srv->busy_ns += thread_cpu_ns() - busy0;
 	}
-	kvs__lanes_flush(srv);
 	free(items);
 	return 0;
 }

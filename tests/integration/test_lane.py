@@ -7,8 +7,9 @@ little-endian length and one msgpack message. Cases:
 
   * attach, then requests and their replies over the lane, in order (50
     requests in one write: their replies leave in one write too, the loop
-    iteration's, counted in lane_writes), among them a 4,096-key lookup (larger than a socket buffer) and a message just
-    above the size limit (E_LIMIT, lane kept);
+    iteration's, counted in lane_writes), among them a 4,096-key lookup
+    (larger than a socket buffer) and a message just above the size limit
+    (E_LIMIT, lane kept);
   * a lane that is not read: the replies the socket cannot take go to the
     session's DEALER instead, each request answered exactly once;
   * hostile attaches: unknown token, a memfd, a datagram socket, an attach

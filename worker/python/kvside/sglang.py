@@ -670,10 +670,9 @@ class KvsideStorage(HiCacheStorage):
                             "the same job (the TP ranks' calls diverged)", len(kk), reg.name)
             else:
                 log.warning("kvside: set of %d pages of pool %r failed (%s)", len(kk), reg.name, e)
-            if e.code_name in ("ETIMEDOUT", "E_TIMEOUT"):
-                # the part may have reached the server, which may still read
-                # the pages: they are SGLang's again only once the job ended
-                return self._wait_end(reg, job, reconnects) == "committed"
+            # a time-out is the job not ending within store_wait_ms (the
+            # part's reply waits for its end): where _wait_end gives up too,
+            # so it is not waited for a second time
             return False
         return self._wait_end(reg, job, reconnects) == "committed"
 
