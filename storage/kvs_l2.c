@@ -446,16 +446,21 @@ static void *writer_main(void *arg)
 			kvs_warn_rl(&l2->rl_commit, "L2 %s: group commit of %u objects failed: %s", l2->path, nb,
 				    mdb_strerror(rc));
 		}
-		/* a page with no room (LMDB's internal error) or a transaction
-		 * LMDB itself invalidated: a healthy environment never answers a
+		/* a page with no room or a cursor stack too deep (LMDB's internal
+		 * errors), a transaction LMDB itself invalidated, or a size it
+		 * refuses (every key and value this writer passes is within
+		 * LMDB's limits, and no database is DUPSORT, so only a damaged
+		 * node can make it say so): a healthy environment never answers a
 		 * group commit so (the map-full path aborts and retries cleanly);
 		 * after random B-tree damage it answers so on every commit of
 		 * every start (chaos scenario 4): the next start sets it aside */
-		if (rc == MDB_PAGE_FULL || rc == MDB_BAD_TXN) {
+		if (rc == MDB_PAGE_FULL || rc == MDB_BAD_TXN || rc == MDB_BAD_VALSIZE || rc == MDB_CURSOR_FULL) {
+			char what[96];
+			snprintf(what, sizeof(what), "a group commit failed with %s",
+				 rc == MDB_PAGE_FULL ? "MDB_PAGE_FULL" : rc == MDB_BAD_TXN ? "MDB_BAD_TXN"
+				 : rc == MDB_BAD_VALSIZE ? "MDB_BAD_VALSIZE" : "MDB_CURSOR_FULL");
 			if (l2->suspect_fails++ == 0)
-				kvs__l2_note_error(l2, MDB_CORRUPTED, rc == MDB_PAGE_FULL
-					? "a group commit failed with MDB_PAGE_FULL"
-					: "a group commit failed with MDB_BAD_TXN");
+				kvs__l2_note_error(l2, MDB_CORRUPTED, what);
 		}
 
 		pthread_mutex_lock(&l2->mu);
