@@ -380,29 +380,30 @@ void kvs__lanes_flush(kvs_server *srv)
 
 /* ---- the loop ------------------------------------------------------------------ */
 
-int kvs__lanes_items(kvs_server *srv, zmq_pollitem_t *items, int cap)
+int kvs__lanes_items(kvs_server *srv, struct pollfd *fds, int cap)
 {
 	struct kvs_lanes *L = srv->lanes;
 	int n = 0;
-	sweep(L); /* items[i] is L->list[i] until kvs__lanes_ready */
+	sweep(L); /* fds[i] is L->list[i] until kvs__lanes_ready */
 	for (int i = 0; i < L->n && n < cap; i++) {
 		kvs_lane *l = L->list[i];
-		items[n++] = (zmq_pollitem_t){.fd = l->fd, .events = (short)(ZMQ_POLLIN | (l->blocked ? ZMQ_POLLOUT : 0))};
+		fds[n++] = (struct pollfd){.fd = l->fd, .events = (short)(POLLIN | (l->blocked ? POLLOUT : 0))};
 	}
 	return n;
 }
 
-void kvs__lanes_ready(kvs_server *srv, const zmq_pollitem_t *items, int n)
+void kvs__lanes_ready(kvs_server *srv, const struct pollfd *fds, int n)
 {
 	struct kvs_lanes *L = srv->lanes;
-	/* items[i] is L->list[i]: nothing adds a lane or sweeps before the end */
+	/* fds[i] is L->list[i]: nothing adds a lane or sweeps before the end */
 	for (int i = 0; i < n && i < L->n; i++) {
 		kvs_lane *l = L->list[i];
-		if (l->dead || l->fd != items[i].fd)
+		if (l->dead || l->fd != fds[i].fd)
 			continue;
-		if (l->blocked && (items[i].revents & ZMQ_POLLOUT))
+		if (l->blocked && (fds[i].revents & POLLOUT))
 			flush(srv, l);
-		if (!l->dead && (items[i].revents & (ZMQ_POLLIN | ZMQ_POLLERR)))
+		/* a hang-up or an error: the read finds the end (or the error) */
+		if (!l->dead && (fds[i].revents & (POLLIN | POLLERR | POLLHUP | POLLNVAL)))
 			lane_read(srv, l);
 	}
 	sweep(L);

@@ -22,7 +22,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
-#include <zmq.h>
+#include <poll.h>
 
 #include "server.h"
 
@@ -36,10 +36,10 @@ int kvs__lane_attach(kvs_server *srv, kvs_session *s, int fd, const char **why);
 /* The session is closing: its lane (if any) is closed. */
 void kvs__lane_session_gone(kvs_server *srv, kvs_session *s);
 
-/* Poll items of the open lanes, appended at items[0..]; returns how many (at
- * most cap). kvs__lanes_ready takes the same items back after the poll. */
-int kvs__lanes_items(kvs_server *srv, zmq_pollitem_t *items, int cap);
-void kvs__lanes_ready(kvs_server *srv, const zmq_pollitem_t *items, int n);
+/* Poll entries of the open lanes, appended at fds[0..]; returns how many (at
+ * most cap). kvs__lanes_ready takes the same entries back after the poll. */
+int kvs__lanes_items(kvs_server *srv, struct pollfd *fds, int cap);
+void kvs__lanes_ready(kvs_server *srv, const struct pollfd *fds, int n);
 int kvs__lanes_count(const kvs_server *srv);
 
 /* True if ident is a lane ident. */

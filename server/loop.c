@@ -4,6 +4,7 @@
  * threads that report back through the eventfd. */
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <sys/mman.h>
@@ -789,38 +790,88 @@ static void close_overflowed(kvs_server *srv)
 	}
 }
 
+/* A ZeroMQ socket in the loop's poll set, watched through its ZMQ_FD:
+ * zmq_poll costs a getpid and a poll of its own per ZeroMQ socket on every
+ * pass, where the loop's one poll of plain fds needs nothing more. The fd
+ * only says that the socket's state may have changed, and a send, a receive
+ * or a ZMQ_EVENTS query may take that signal while messages wait; so
+ * ZMQ_EVENTS is asked after the fd fires and before the next poll after the
+ * loop used the socket. */
+typedef struct zwatch {
+	void *sock; /* NULL: not watched */
+	int fd;
+	bool check; /* ask ZMQ_EVENTS before the next poll */
+	bool ready; /* a message waits */
+} zwatch;
+
+static void zwatch_set(zwatch *w, void *sock)
+{
+	*w = (zwatch){.sock = sock, .fd = -1, .check = true};
+	size_t l = sizeof(w->fd);
+	if (sock && zmq_getsockopt(sock, ZMQ_FD, &w->fd, &l) != 0)
+		w->fd = -1;
+}
+
+static bool zreadable(void *sock)
+{
+	int ev = 0;
+	size_t l = sizeof(ev);
+	return zmq_getsockopt(sock, ZMQ_EVENTS, &ev, &l) == 0 && (ev & ZMQ_POLLIN);
+}
+
+/* The fds of ZeroMQ sockets: their only signal is POLLIN */
+static bool fd_fired(const struct pollfd *p) { return p->revents & (POLLIN | POLLERR | POLLHUP | POLLNVAL); }
+
 int kvs_server_run(kvs_server *srv, int sigfd)
 {
 	uint64_t next_tick = 0;
-	zmq_pollitem_t *items = NULL;
-	int items_cap = 0;
+	struct pollfd *fds = NULL;
+	int fds_cap = 0;
+	enum { Z_ROUTER, Z_ZAP, Z_REPLAY, NZ };
+	zwatch z[NZ];
+	zwatch_set(&z[Z_ROUTER], srv->router);
+	zwatch_set(&z[Z_ZAP], kvs_auth_zap_socket(srv->auth));
+	zwatch_set(&z[Z_REPLAY], kvs_events_replay_socket(srv->events));
+	/* poll entries 0..4: the router, the broker socket, the completion
+	 * queue, the signals and the ZAP handler; then the replay socket (if
+	 * any), the broker connections and the lanes */
 	while (!srv->stopping) {
 		int want = 6 + KVS_MAX_BROKER_CONNS + kvs__lanes_count(srv);
-		if (want > items_cap) {
-			zmq_pollitem_t *ni = realloc(items, (size_t)want * sizeof(*ni));
-			if (!ni) {
-				free(items);
+		if (want > fds_cap) {
+			struct pollfd *nf = realloc(fds, (size_t)want * sizeof(*nf));
+			if (!nf) {
+				free(fds);
 				return -ENOMEM;
 			}
-			items = ni;
-			items_cap = want;
+			fds = nf;
+			fds_cap = want;
 		}
 		int n = 0;
-		items[n++] = (zmq_pollitem_t){.socket = srv->router, .events = ZMQ_POLLIN};
-		items[n++] = (zmq_pollitem_t){.fd = srv->broker_fd, .events = ZMQ_POLLIN};
-		items[n++] = (zmq_pollitem_t){.fd = kvs_cq_fd(srv->cq), .events = ZMQ_POLLIN};
-		items[n++] = (zmq_pollitem_t){.fd = sigfd, .events = ZMQ_POLLIN};
-		items[n++] = (zmq_pollitem_t){.socket = kvs_auth_zap_socket(srv->auth), .events = ZMQ_POLLIN};
-		void *replay = kvs_events_replay_socket(srv->events);
-		if (replay)
-			items[n++] = (zmq_pollitem_t){.socket = replay, .events = ZMQ_POLLIN};
+		fds[n++] = (struct pollfd){.fd = z[Z_ROUTER].fd, .events = POLLIN};
+		fds[n++] = (struct pollfd){.fd = srv->broker_fd, .events = POLLIN};
+		fds[n++] = (struct pollfd){.fd = kvs_cq_fd(srv->cq), .events = POLLIN};
+		fds[n++] = (struct pollfd){.fd = sigfd, .events = POLLIN};
+		fds[n++] = (struct pollfd){.fd = z[Z_ZAP].fd, .events = POLLIN};
+		int replay_at = -1;
+		if (z[Z_REPLAY].sock) {
+			replay_at = n;
+			fds[n++] = (struct pollfd){.fd = z[Z_REPLAY].fd, .events = POLLIN};
+		}
 		int nfix = n;
 		for (int i = 0; i < srv->n_conns; i++)
-			items[n++] = (zmq_pollitem_t){.fd = srv->conns[i].fd, .events = ZMQ_POLLIN};
+			fds[n++] = (struct pollfd){.fd = srv->conns[i].fd, .events = POLLIN};
 		int nconn = n;
-		n += kvs__lanes_items(srv, items + n, items_cap - n);
+		n += kvs__lanes_items(srv, fds + n, fds_cap - n);
 		srv->now_ms = kvs_now_ms();
 		long timeout = next_tick > srv->now_ms ? (long)(next_tick - srv->now_ms) : 0;
+		/* a ZeroMQ socket the loop used may hold messages its fd no longer
+		 * signals */
+		for (int i = 0; i < NZ; i++)
+			if (z[i].sock && z[i].check) {
+				z[i].check = false;
+				if ((z[i].ready = zreadable(z[i].sock)))
+					timeout = 0;
+			}
 		/* a GPU copy queued moments ago is in flight: the loop polls its
 		 * end (and the sockets) rather than sleeping until its host
 		 * function posts (kvs_cuda_poll); polls that find nothing are not
@@ -833,44 +884,60 @@ int kvs_server_run(kvs_server *srv, int sigfd)
 			if (polled)
 				srv->busy_ns += kvs_now_ns() - pt0;
 		}
-		int pr = zmq_poll(items, n, timeout);
-		if (pr > 0)
-			KVS_TRACE(KVS_TP_SRV_WAKE, pr);
+		int pr = poll(fds, (nfds_t)n, (int)timeout);
 		if (pr < 0 && errno != EINTR) {
 			int e = errno;
-			kvs_err("poll failed: %s", zmq_strerror(e));
-			free(items);
+			kvs_err("poll failed: %s", strerror(e));
+			free(fds);
 			return -e;
 		}
+		if (pr < 0)
+			pr = 0;
+		const int zat[NZ] = {0, 4, replay_at};
+		for (int i = 0; i < NZ; i++)
+			if (z[i].sock && !z[i].ready && fd_fired(&fds[zat[i]]))
+				z[i].ready = zreadable(z[i].sock);
+		bool zready = z[Z_ROUTER].ready || z[Z_ZAP].ready || z[Z_REPLAY].ready;
+		if (pr > 0 || zready)
+			KVS_TRACE(KVS_TP_SRV_WAKE, pr);
 		srv->now_ms = kvs_now_ms();
 		/* an empty poll of a spinning loop is not work */
-		bool idle = pr <= 0 && srv->now_ms < next_tick;
+		bool idle = pr == 0 && !zready && srv->now_ms < next_tick;
 		uint64_t busy0 = idle ? 0 : thread_cpu_ns();
-		if (pr > 0) {
-			if (items[3].revents & ZMQ_POLLIN) {
+		if (pr > 0 || zready) {
+			if (fds[3].revents & POLLIN) {
 				struct signalfd_siginfo si;
 				if (read(sigfd, &si, sizeof(si)) == sizeof(si)) {
 					kvs_info("signal %u: shutting down", si.ssi_signo);
 					srv->stopping = true;
 				}
 			}
-			if (items[2].revents & ZMQ_POLLIN) {
+			if (fds[2].revents & POLLIN) {
 				kvs__server_completions(srv);
 			}
-			if (items[0].revents & ZMQ_POLLIN)
+			if (z[Z_ROUTER].ready) {
 				router_ready(srv);
-			kvs__lanes_ready(srv, items + nconn, n - nconn);
+				z[Z_ROUTER].ready = false;
+				z[Z_ROUTER].check = true; /* it may have left messages (its budget) */
+			}
+			kvs__lanes_ready(srv, fds + nconn, n - nconn);
 			close_overflowed(srv);
 			/* broker connections, newest first so removal keeps indices */
 			for (int i = nconn - 1; i >= nfix; i--)
-				if (items[i].revents & (ZMQ_POLLIN | ZMQ_POLLERR))
+				if (fds[i].revents & (POLLIN | POLLERR | POLLHUP | POLLNVAL))
 					kvs__broker_conn_ready(srv, i - nfix);
-			if (items[1].revents & ZMQ_POLLIN)
+			if (fds[1].revents & POLLIN)
 				kvs__broker_accept(srv);
-			if (items[4].revents & ZMQ_POLLIN)
+			if (z[Z_ZAP].ready) {
 				kvs_auth_zap_ready(srv->auth);
-			if (replay && (items[5].revents & ZMQ_POLLIN))
+				z[Z_ZAP].ready = false;
+				z[Z_ZAP].check = true;
+			}
+			if (z[Z_REPLAY].ready) {
 				kvs_events_replay(srv->events);
+				z[Z_REPLAY].ready = false;
+				z[Z_REPLAY].check = true;
+			}
 		}
 		if (srv->now_ms >= next_tick) {
 			kvs__server_tick(srv);
@@ -878,9 +945,13 @@ int kvs_server_run(kvs_server *srv, int sigfd)
 		}
 		/* this iteration's replies to each lane, in one write per lane */
 		kvs__lanes_flush(srv);
+		if (srv->router_used) { /* replies sent on the router (reply.c) */
+			srv->router_used = false;
+			z[Z_ROUTER].check = true;
+		}
 		if (!idle)
 			srv->busy_ns += thread_cpu_ns() - busy0;
 	}
-	free(items);
+	free(fds);
 	return 0;
 }

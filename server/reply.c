@@ -122,6 +122,7 @@ static void send_frames(kvs_server *srv, const void *ident, size_t ident_len, vo
 		atomic_fetch_add(&peer->refs, 1); /* the overflow list's reference */
 	}
 	frame_hint *h = peer && !peer->over ? malloc(sizeof(*h)) : NULL;
+	srv->router_used = true; /* a send may take the socket's ZMQ_FD signal (loop.c) */
 	if (!h || zmq_send(srv->router, ident, ident_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0) {
 		free(h);
 		free(buf);

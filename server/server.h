@@ -155,6 +155,7 @@ struct kvs_server {
 	kvs_server_config cfg;
 	uint8_t epoch[KVS_EPOCH_BYTES];
 	void *zctx, *router;
+	bool router_used; /* the loop sent on the router this iteration (reply.c): ask ZMQ_EVENTS again */
 	struct kvs_events *events; /* KV-event publisher (events.h), NULL = off */
 	char endpoint[600];
 	int broker_fd;

@@ -193,6 +193,13 @@ int kvs_client_open(const kvs_client_config *cfg, kvs_client **ret)
 	zmq_setsockopt(c->dealer, ZMQ_RECONNECT_IVL_MAX, &ivlmax, sizeof(ivlmax));
 	if ((r = set_curve(c->dealer, cfg)) < 0)
 		goto err_sock;
+	size_t fdl = sizeof(c->dealer_fd);
+	if (zmq_getsockopt(c->dealer, ZMQ_FD, &c->dealer_fd, &fdl) != 0) {
+		r = -EINVAL;
+		kvs_err("libzmq gave no ZMQ_FD: %s", zmq_strerror(errno));
+		goto err_sock;
+	}
+	c->dealer_check = true;
 	if (zmq_connect(c->dealer, c->endpoint) != 0) {
 		r = -EINVAL;
 		kvs_err("cannot connect to %s: %s", c->endpoint, zmq_strerror(errno));

@@ -172,6 +172,14 @@ struct kvs_client {
 
 	/* I/O thread only */
 	void *zctx, *dealer;
+	/* The dealer's ZMQ_FD, which the I/O thread polls instead of calling
+	 * zmq_poll (a getpid and a poll of the dealer's own on every pass): it
+	 * only says that the socket's state may have changed, and a send or a
+	 * receive may take that signal while replies wait, so ZMQ_EVENTS is
+	 * asked after it fires and, when dealer_check is set (after the thread
+	 * used the socket), before the next poll. */
+	int dealer_fd;
+	bool dealer_check;
 	kvs_htab *pending;
 	uint8_t epoch[KVS_EPOCH_BYTES];
 	bool have_epoch;

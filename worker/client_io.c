@@ -115,7 +115,7 @@ void kvs__send(kvs_client *c, kvs__req *r)
 		kvs__finish(c, r, NULL, -ENOMEM);
 	} else if (kvs__lane_send(c, r)) {
 		/* written on the lane (or failed there and finished) */
-	} else if (zmq_send(c->dealer, r->buf, r->len, ZMQ_DONTWAIT) < 0) {
+	} else if ((c->dealer_check = true, zmq_send(c->dealer, r->buf, r->len, ZMQ_DONTWAIT) < 0)) {
 		int e = errno;
 		kvs_htab_del(c->pending, &r->id);
 		kvs__finish(c, r, NULL, e == EAGAIN ? KVS_E_BUSY : KVS_E_INTERNAL);
@@ -471,6 +471,27 @@ static void fail_all(kvs_client *c)
 	}
 }
 
+/* Whether a reply waits on the dealer (see dealer_fd in client_int.h). */
+static bool dealer_readable(kvs_client *c)
+{
+	int ev = 0;
+	size_t l = sizeof(ev);
+	return zmq_getsockopt(c->dealer, ZMQ_EVENTS, &ev, &l) == 0 && (ev & ZMQ_POLLIN);
+}
+
+/* The lane and the broker connection speak zmq_poll's event bits (their
+ * modules predate the plain poll); poll(2)'s are translated at the call. */
+static short to_poll(short zev)
+{
+	return (short)(((zev & ZMQ_POLLIN) ? POLLIN : 0) | ((zev & ZMQ_POLLOUT) ? POLLOUT : 0));
+}
+
+static short from_poll(short rev)
+{
+	return (short)(((rev & POLLIN) ? ZMQ_POLLIN : 0) | ((rev & POLLOUT) ? ZMQ_POLLOUT : 0) |
+		       ((rev & ~(POLLIN | POLLOUT | POLLPRI)) ? ZMQ_POLLERR : 0));
+}
+
 void *kvs__io_main(void *arg)
 {
 	kvs_client *c = arg;
@@ -480,36 +501,47 @@ void *kvs__io_main(void *arg)
 		pthread_mutex_unlock(&c->mu);
 		if (stop)
 			break;
-		zmq_pollitem_t it[4] = {{.socket = c->dealer, .events = ZMQ_POLLIN},
-					{.fd = c->efd, .events = ZMQ_POLLIN}};
+		struct pollfd it[4] = {{.fd = c->dealer_fd, .events = POLLIN}, {.fd = c->efd, .events = POLLIN}};
 		int n = 2, bi = -1, li = -1;
 		short bev = kvs__broker_events(c);
 		if (bev)
-			it[bi = n++] = (zmq_pollitem_t){.fd = c->broker.fd, .events = bev};
+			it[bi = n++] = (struct pollfd){.fd = c->broker.fd, .events = to_poll(bev)};
 		short lev = kvs__lane_events(c);
 		if (lev)
-			it[li = n++] = (zmq_pollitem_t){.fd = c->lane.fd, .events = lev};
+			it[li = n++] = (struct pollfd){.fd = c->lane.fd, .events = to_poll(lev)};
 		long to = poll_timeout(c, kvs_now_ms());
 		uint64_t now_ns = kvs_now_ns();
 		if (c->busy_poll_ns && now_ns - c->last_io_ns < c->busy_poll_ns)
 			to = 0; /* busy poll (KVS_BUSY_POLL_US) */
 		if (now_ns < atomic_load(&c->io_spin_until_ns))
 			to = 0; /* a job_wait expects its job's end about now (hybrid polling) */
-		if (zmq_poll(it, n, to) > 0 && c->busy_poll_ns)
+		bool dready = false;
+		if (c->dealer_check) { /* the thread used the dealer since it last asked */
+			c->dealer_check = false;
+			if ((dready = dealer_readable(c)))
+				to = 0;
+		}
+		int pr = poll(it, (nfds_t)n, (int)to);
+		if (!dready && pr > 0 && (it[0].revents & (POLLIN | POLLERR | POLLHUP)))
+			dready = dealer_readable(c);
+		if ((pr > 0 || dready) && c->busy_poll_ns)
 			c->last_io_ns = kvs_now_ns();
-		if (it[1].revents & ZMQ_POLLIN) {
+		if (it[1].revents & POLLIN) {
 			uint64_t v;
 			ssize_t rd = read(c->efd, &v, sizeof(v));
 			(void)rd;
 		}
 		drain_queue(c);
 		kvs__lane_adopt(c);
-		receive(c);
+		if (dready) {
+			receive(c);
+			c->dealer_check = true; /* it may have left replies (its budget) */
+		}
 		if (li >= 0)
-			kvs__lane_run(c, it[li].revents);
+			kvs__lane_run(c, from_poll(it[li].revents));
 		drain_queue(c); /* internal requests queued by handlers */
 		uint64_t now = kvs_now_ms();
-		kvs__broker_run(c, now, bi >= 0 ? it[bi].revents : 0);
+		kvs__broker_run(c, now, bi >= 0 ? from_poll(it[bi].revents) : 0);
 		now = kvs_now_ms();
 		expire(c, now);
 		heartbeat(c, now);
