@@ -11,6 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "kvs_time.h"
 #include "kvs_trace.h"
 
 struct kvs_copy_pool {
@@ -18,7 +19,9 @@ struct kvs_copy_pool {
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
 	kvs_copy_task *q_head, *q_tail; /* queued; guarded by mu */
+	atomic_uint queued; /* tasks in the queue: written under mu, read by spinning threads */
 	uint64_t inline_max; /* parts up to this many bytes are copied by the submitter */
+	uint64_t spin_ns; /* a thread that ran a task polls the queue this long before it sleeps */
 	bool stop;
 	kvs_cq *cq;
 	unsigned n;
@@ -74,19 +77,46 @@ static int copy_segs(const kvs_copy_task *t)
 static void pool_submit(kvs_copy_engine *e, void *stream, const kvs_copy_part *part);
 static void run_here(kvs_copy_pool *p, kvs_copy_task *t);
 
+/* Polls the queue's count for up to spin_ns (without the mutex): true if a
+ * task came. */
+static bool spin_for_task(kvs_copy_pool *p)
+{
+	uint64_t end = kvs_now_ns() + p->spin_ns;
+	for (unsigned i = 1;; i++) {
+		if (atomic_load_explicit(&p->queued, memory_order_relaxed))
+			return true;
+		if (!(i & 63) && kvs_now_ns() >= end)
+			return false;
+#if defined(__x86_64__) || defined(__i386__)
+		__builtin_ia32_pause();
+#endif
+	}
+}
+
 static void *worker(void *arg)
 {
 	kvs_copy_pool *p = arg;
+	bool may_spin = false; /* once after each task: a job's next part comes soon */
 	pthread_mutex_lock(&p->mu);
 	for (;;) {
-		while (!p->q_head && !p->stop)
+		while (!p->q_head && !p->stop) {
+			if (may_spin && p->spin_ns) {
+				may_spin = false;
+				pthread_mutex_unlock(&p->mu);
+				spin_for_task(p);
+				pthread_mutex_lock(&p->mu);
+				continue;
+			}
 			pthread_cond_wait(&p->cv, &p->mu);
+		}
 		if (!p->q_head)
 			break;
 		kvs_copy_task *t = p->q_head;
 		p->q_head = t->next;
 		if (!p->q_head)
 			p->q_tail = NULL;
+		atomic_fetch_sub_explicit(&p->queued, 1, memory_order_relaxed);
+		may_spin = true;
 		pthread_mutex_unlock(&p->mu);
 		run_here(p, t);
 		pthread_mutex_lock(&p->mu);
@@ -114,6 +144,10 @@ int kvs_copy_pool_create(unsigned n, kvs_cq *cq, kvs_copy_pool **ret)
 	/* the environment overrides the limit (the bench measures both ways; 0: never inline) */
 	const char *im = getenv("KVS_COPY_INLINE_MAX");
 	p->inline_max = im ? strtoull(im, NULL, 10) : KVS_COPY_INLINE_MAX;
+	/* spinning only where cores are plenty (architecture.md §17.11) */
+	const char *sp = getenv("KVS_COPY_SPIN_US");
+	long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+	p->spin_ns = (sp ? strtoull(sp, NULL, 10) : cpus >= KVS_COPY_SPIN_MIN_CPUS ? KVS_COPY_SPIN_US : 0) * 1000u;
 	for (p->n = 0; p->n < n; p->n++) {
 		int e = pthread_create(&p->thr[p->n], NULL, worker, p);
 		if (e) {
@@ -150,10 +184,12 @@ void kvs_copy_pool_submit(kvs_copy_pool *p, kvs_copy_task *t)
 	else
 		p->q_head = t;
 	p->q_tail = t;
+	atomic_fetch_add_explicit(&p->queued, 1, memory_order_relaxed);
 	pthread_mutex_unlock(&p->mu);
 	/* after the unlock: the woken thread finds the mutex free, so the
 	 * submitter's unlock need not wake it a second time (a futex call each
-	 * way per part, seen in the loop's profile) */
+	 * way per part, seen in the loop's profile); with no thread asleep (one
+	 * spinning takes the task) it makes no system call */
 	pthread_cond_signal(&p->cv);
 }
 
