@@ -54,7 +54,11 @@ bool kvs__lane_send(kvs_server *srv, const void *ident, size_t ident_len, void *
 /* The end of a loop iteration: every lane writes what it was given during
  * it, in one system call where the socket takes it all (a job's replies
  * to one session, say a store's, its complete's and the job_done push,
- * leave together). A lane whose socket is full keeps the rest for POLLOUT. */
+ * leave together). A lane whose socket is full keeps the rest for POLLOUT.
+ * Whatever makes replies outside an iteration's handling (the parts
+ * kvs_cuda_poll completes before the poll) calls it before the loop
+ * sleeps: a reply left in a buffer waits for the next wake-up (50 ms, the
+ * tick, when nothing else comes). */
 void kvs__lanes_flush(kvs_server *srv);
 
 typedef struct kvs_lane_stats {

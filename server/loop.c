@@ -836,6 +836,22 @@ int kvs_server_run(kvs_server *srv, int sigfd)
 	 * queue, the signals and the ZAP handler; then the replay socket (if
 	 * any), the broker connections and the lanes */
 	while (!srv->stopping) {
+		/* a GPU copy queued moments ago is in flight: the loop polls its
+		 * end (and the sockets) rather than sleeping until its host
+		 * function posts (kvs_cuda_poll); polls that find nothing are not
+		 * counted as busy. Before the poll set is made: the replies of
+		 * the parts it completes leave now (a lane whose write is cut
+		 * short then polls for POLLOUT), not after the poll's sleep */
+		bool cuda_spin = false;
+		if (srv->cuda) {
+			uint32_t polled = 0;
+			uint64_t pt0 = kvs_now_ns();
+			cuda_spin = kvs_cuda_poll(srv->cuda, &polled);
+			if (polled) {
+				kvs__lanes_flush(srv);
+				srv->busy_ns += kvs_now_ns() - pt0;
+			}
+		}
 		int want = 6 + KVS_MAX_BROKER_CONNS + kvs__lanes_count(srv);
 		if (want > fds_cap) {
 			struct pollfd *nf = realloc(fds, (size_t)want * sizeof(*nf));
@@ -865,25 +881,21 @@ int kvs_server_run(kvs_server *srv, int sigfd)
 		srv->now_ms = kvs_now_ms();
 		long timeout = next_tick > srv->now_ms ? (long)(next_tick - srv->now_ms) : 0;
 		/* a ZeroMQ socket the loop used may hold messages its fd no longer
-		 * signals */
+		 * signals: replies sent on the router (reply.c; by the last
+		 * iteration or by the parts kvs_cuda_poll completed), a handler's
+		 * receive */
+		if (srv->router_used) {
+			srv->router_used = false;
+			z[Z_ROUTER].check = true;
+		}
 		for (int i = 0; i < NZ; i++)
 			if (z[i].sock && z[i].check) {
 				z[i].check = false;
 				if ((z[i].ready = zreadable(z[i].sock)))
 					timeout = 0;
 			}
-		/* a GPU copy queued moments ago is in flight: the loop polls its
-		 * end (and the sockets) rather than sleeping until its host
-		 * function posts (kvs_cuda_poll); polls that find nothing are not
-		 * counted as busy */
-		if (srv->cuda) {
-			uint32_t polled = 0;
-			uint64_t pt0 = kvs_now_ns();
-			if (kvs_cuda_poll(srv->cuda, &polled))
-				timeout = 0;
-			if (polled)
-				srv->busy_ns += kvs_now_ns() - pt0;
-		}
+		if (cuda_spin)
+			timeout = 0;
 		int pr = poll(fds, (nfds_t)n, (int)timeout);
 		if (pr < 0 && errno != EINTR) {
 			int e = errno;
@@ -945,10 +957,6 @@ int kvs_server_run(kvs_server *srv, int sigfd)
 		}
 		/* this iteration's replies to each lane, in one write per lane */
 		kvs__lanes_flush(srv);
-		if (srv->router_used) { /* replies sent on the router (reply.c) */
-			srv->router_used = false;
-			z[Z_ROUTER].check = true;
-		}
 		if (!idle)
 			srv->busy_ns += thread_cpu_ns() - busy0;
 	}
