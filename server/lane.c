@@ -409,6 +409,8 @@ void kvs__lanes_ready(kvs_server *srv, const struct pollfd *fds, int n)
 	sweep(L);
 }
 
+bool kvs__lanes_corked(const kvs_server *srv) { return srv->lanes && srv->lanes->corked; }
+
 int kvs__lanes_count(const kvs_server *srv) { return srv->lanes ? srv->lanes->n : 0; }
 
 void kvs__lanes_stats(const kvs_server *srv, kvs_lane_stats *out)

@@ -61,6 +61,10 @@ bool kvs__lane_send(kvs_server *srv, const void *ident, size_t ident_len, void *
  * tick, when nothing else comes). */
 void kvs__lanes_flush(kvs_server *srv);
 
+/* True while a lane holds bytes given since the last kvs__lanes_flush: the
+ * loop asserts it false before it sleeps. */
+bool kvs__lanes_corked(const kvs_server *srv);
+
 typedef struct kvs_lane_stats {
 	uint64_t open;      /* lanes open now */
 	uint64_t attached;  /* cum. lanes attached */

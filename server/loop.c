@@ -2,6 +2,7 @@
  * eventfd, the timers and every protocol table. It never blocks on a copy, a
  * disk write or a peer: sockets are non-blocking and slow work runs on other
  * threads that report back through the eventfd. */
+#include <assert.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -896,6 +897,9 @@ int kvs_server_run(kvs_server *srv, int sigfd)
 			}
 		if (cuda_spin)
 			timeout = 0;
+		/* every reply made so far has left or waits for POLLOUT: one
+		 * left in a lane's buffer would wait for the next wake-up */
+		assert(!kvs__lanes_corked(srv));
 		int pr = poll(fds, (nfds_t)n, (int)timeout);
 		if (pr < 0 && errno != EINTR) {
 			int e = errno;
