@@ -15,12 +15,13 @@ import glob
 import os
 import re
 import subprocess
+import sys
 import time
 import unittest
 
 import kvside
 import lmdb_raw
-from chaos_lib import Deadlines, Rank, Scenario, Server, keys_of, tail
+from chaos_lib import Deadlines, Rank, Scenario, Server, keys_of, tail, watchdog
 
 NS = "chaos-btree"
 PROMPTS = 8
@@ -39,6 +40,8 @@ class BtreeCorruptionTest(unittest.TestCase):
         srv.start()
         dl = Deadlines()
         rank = None
+        # meson gives this test 180 s (a CI run once hit it without output)
+        dog = watchdog(srv, int(os.environ.get("KVT_CHAOS_WATCHDOG_S", "160")), "chaos_btree_corruption")
         fault = ("random bytes over random spans of 3 B-tree pages + 1 used page of data.mdb, "
                  "%d trials (seeds %s), %d starts each" % (len(SEEDS), ",".join(map(str, SEEDS)) if len(SEEDS) < 8 else "%d..%d" % (SEEDS[0], SEEDS[-1]), STARTS))
         with Scenario("btree_corruption", fault) as sc:
@@ -60,6 +63,7 @@ class BtreeCorruptionTest(unittest.TestCase):
                           "missed_parts": 0, "set_aside": 0, "l2_corrupt_recoveries": 0, "checksum_failures": 0, "key_mismatches": 0,
                           "header_mismatches": 0}
                 trials = []
+                t_begin = time.monotonic()
                 failed = []
                 job = 1000
                 for seed in SEEDS:
@@ -71,6 +75,7 @@ class BtreeCorruptionTest(unittest.TestCase):
                     for n in range(1, STARTS + 2):
                         if n > STARTS and outcome[-1] == "ok":
                             break  # a 4th start only to see the 3rd one's successor
+                        sys.stderr.write("seed %d, start %d (%.1f s)\n" % (seed, n, time.monotonic() - t_begin))
                         res, job, starts = self.one_start(srv, rank, dl, totals, seed, n, job, starts)
                         outcome.append(res)
                     bad = [i for i, o in enumerate(outcome) if o != "ok"]
@@ -100,6 +105,7 @@ class BtreeCorruptionTest(unittest.TestCase):
                 self.assertEqual(totals["written_on_miss"], 0)
                 self.assertEqual(dl.late, [])
             finally:
+                dog.cancel()
                 if rank:
                     rank.close()
                 srv.stop()

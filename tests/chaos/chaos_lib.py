@@ -14,6 +14,7 @@ worker/python and tests/python), plus
                      object it retrieved before checking it (the check must
                      then fail the scenario)."""
 
+import faulthandler
 import hashlib
 import json
 import os
@@ -21,6 +22,7 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 import unittest
 
@@ -252,6 +254,25 @@ def sleep_alive(srv, seconds):
         if rc is not None:
             raise AssertionError("server died (exit %s)%s" % (rc, tail(srv)))
         time.sleep(min(0.05, max(0.0, end - time.monotonic())))
+
+
+def watchdog(srv, seconds, what):
+    """Writes every thread's stack and the server log's tail to stderr if
+    still running after `seconds` (set just under meson's time-out), so a
+    hang says where it hung rather than ending without output. Returns the
+    timer: cancel() it when done."""
+    def fire():
+        sys.stderr.write("\n=== %s still running after %d s; where each thread is: ===\n" % (what, seconds))
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        try:
+            sys.stderr.write(tail(srv, 80) + "\n")
+        except Exception as e:  # the log may be between starts
+            sys.stderr.write("(no server log: %s)\n" % e)
+        sys.stderr.flush()
+    t = threading.Timer(seconds, fire)
+    t.daemon = True
+    t.start()
+    return t
 
 
 def stat_delta(a, b, name):
