@@ -20,6 +20,7 @@ struct kvs_copy_pool {
 	pthread_cond_t cv;
 	kvs_copy_task *q_head, *q_tail; /* queued; guarded by mu */
 	atomic_uint queued; /* tasks in the queue: written under mu, read by spinning threads */
+	unsigned spinning;  /* threads polling `queued` (guarded by mu): each takes a task without a wake-up */
 	uint64_t inline_max; /* parts up to this many bytes are copied by the submitter */
 	uint64_t spin_ns; /* a thread that ran a task polls the queue this long before it sleeps */
 	bool stop;
@@ -102,9 +103,11 @@ static void *worker(void *arg)
 		while (!p->q_head && !p->stop) {
 			if (may_spin && p->spin_ns) {
 				may_spin = false;
+				p->spinning++;
 				pthread_mutex_unlock(&p->mu);
 				spin_for_task(p);
 				pthread_mutex_lock(&p->mu);
+				p->spinning--; /* and looks at the queue under mu again */
 				continue;
 			}
 			pthread_cond_wait(&p->cv, &p->mu);
@@ -147,7 +150,8 @@ int kvs_copy_pool_create(unsigned n, kvs_cq *cq, kvs_copy_pool **ret)
 	/* spinning only where cores are plenty (architecture.md §17.11) */
 	const char *sp = getenv("KVS_COPY_SPIN_US");
 	long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-	p->spin_ns = (sp ? strtoull(sp, NULL, 10) : cpus >= KVS_COPY_SPIN_MIN_CPUS ? KVS_COPY_SPIN_US : 0) * 1000u;
+	uint64_t spin_us = sp ? strtoull(sp, NULL, 10) : cpus >= KVS_COPY_SPIN_MIN_CPUS ? KVS_COPY_SPIN_US : 0;
+	p->spin_ns = (spin_us < 10000 ? spin_us : 10000) * 1000u; /* at most 10 ms: destroy waits for a spin */
 	for (p->n = 0; p->n < n; p->n++) {
 		int e = pthread_create(&p->thr[p->n], NULL, worker, p);
 		if (e) {
@@ -184,13 +188,17 @@ void kvs_copy_pool_submit(kvs_copy_pool *p, kvs_copy_task *t)
 	else
 		p->q_head = t;
 	p->q_tail = t;
-	atomic_fetch_add_explicit(&p->queued, 1, memory_order_relaxed);
+	unsigned q = atomic_fetch_add_explicit(&p->queued, 1, memory_order_relaxed) + 1;
+	/* a spinning thread takes the task without a wake-up: it looks at the
+	 * queue under mu once its spin ends, so one counted here cannot miss
+	 * it; wake a sleeper only for tasks beyond the spinners */
+	bool wake = q > p->spinning;
 	pthread_mutex_unlock(&p->mu);
 	/* after the unlock: the woken thread finds the mutex free, so the
 	 * submitter's unlock need not wake it a second time (a futex call each
-	 * way per part, seen in the loop's profile); with no thread asleep (one
-	 * spinning takes the task) it makes no system call */
-	pthread_cond_signal(&p->cv);
+	 * way per part, seen in the loop's profile) */
+	if (wake)
+		pthread_cond_signal(&p->cv);
 }
 
 /* Runs one task here and posts it, as a pool thread would. */

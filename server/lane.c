@@ -409,7 +409,16 @@ void kvs__lanes_ready(kvs_server *srv, const struct pollfd *fds, int n)
 	sweep(L);
 }
 
-bool kvs__lanes_corked(const kvs_server *srv) { return srv->lanes && srv->lanes->corked; }
+void kvs__lanes_before_poll(kvs_server *srv)
+{
+	struct kvs_lanes *L = srv->lanes;
+	if (!L || !L->corked)
+		return;
+	if (L->st.late++ == 0)
+		kvs_err("lanes: replies were left unwritten before the loop's poll (a path that makes replies "
+			"outside a loop iteration does not flush them; written now, counted in lane_late_flushes)");
+	kvs__lanes_flush(srv);
+}
 
 int kvs__lanes_count(const kvs_server *srv) { return srv->lanes ? srv->lanes->n : 0; }
 

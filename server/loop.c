@@ -2,7 +2,6 @@
  * eventfd, the timers and every protocol table. It never blocks on a copy, a
  * disk write or a peer: sockets are non-blocking and slow work runs on other
  * threads that report back through the eventfd. */
-#include <assert.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -831,6 +830,10 @@ int kvs_server_run(kvs_server *srv, int sigfd)
 	enum { Z_ROUTER, Z_ZAP, Z_REPLAY, NZ };
 	zwatch z[NZ];
 	zwatch_set(&z[Z_ROUTER], srv->router);
+	if (z[Z_ROUTER].fd < 0) { /* the loop could not hear new requests */
+		kvs_err("libzmq gave no ZMQ_FD for the ROUTER socket: %s", zmq_strerror(errno));
+		return -EIO;
+	}
 	zwatch_set(&z[Z_ZAP], kvs_auth_zap_socket(srv->auth));
 	zwatch_set(&z[Z_REPLAY], kvs_events_replay_socket(srv->events));
 	/* poll entries 0..4: the router, the broker socket, the completion
@@ -847,12 +850,15 @@ int kvs_server_run(kvs_server *srv, int sigfd)
 		if (srv->cuda) {
 			uint32_t polled = 0;
 			uint64_t pt0 = kvs_now_ns();
+			srv->now_ms = pt0 / 1000000u; /* the completions' clock */
 			cuda_spin = kvs_cuda_poll(srv->cuda, &polled);
 			if (polled) {
 				kvs__lanes_flush(srv);
 				srv->busy_ns += kvs_now_ns() - pt0;
 			}
 		}
+		/* every reply made so far has left (or waits for POLLOUT) */
+		kvs__lanes_before_poll(srv);
 		int want = 6 + KVS_MAX_BROKER_CONNS + kvs__lanes_count(srv);
 		if (want > fds_cap) {
 			struct pollfd *nf = realloc(fds, (size_t)want * sizeof(*nf));
@@ -897,9 +903,6 @@ int kvs_server_run(kvs_server *srv, int sigfd)
 			}
 		if (cuda_spin)
 			timeout = 0;
-		/* every reply made so far has left or waits for POLLOUT: one
-		 * left in a lane's buffer would wait for the next wake-up */
-		assert(!kvs__lanes_corked(srv));
 		int pr = poll(fds, (nfds_t)n, (int)timeout);
 		if (pr < 0 && errno != EINTR) {
 			int e = errno;

@@ -355,6 +355,10 @@ int main(void)
 	printf("store -> lookup (16 hits) -> retrieve into disjoint blocks: byte-exact on %d ranks (the recurrent "
 	       "group: only the last chunk's state written), rest untouched\n", W);
 	CHECK(kvt_stat(sc, "cuda_errors") == 0, "cuda errors");
+	/* every reply left the loop before it slept (a reply of a part that
+	 * kvs_cuda_poll completed once waited for the 50 ms tick) */
+	CHECK(kvt_stat(sc, "lane_late_flushes") == 0, "lane_late_flushes %llu",
+	      (unsigned long long)kvt_stat(sc, "lane_late_flushes"));
 	printf("cuda stats: tasks=%llu kernel_launches=%llu fallback_copies=%llu staged_parts=%llu staged_rounds=%llu\n",
 	       (unsigned long long)kvt_stat(sc, "cuda_tasks"), (unsigned long long)kvt_stat(sc, "cuda_kernel_launches"),
 	       (unsigned long long)kvt_stat(sc, "cuda_fallback_copies"), (unsigned long long)kvt_stat(sc, "cuda_staged_parts"),
