@@ -157,6 +157,13 @@ static int put_object(kvs_l2 *l2, MDB_txn *txn, const l2_item *it)
 	int rc = mdb_put(txn, l2->obj, &k, &v, MDB_RESERVE);
 	if (rc)
 		return rc;
+	/* the space LMDB reserved must lie in the map: on a damaged free list
+	 * or page it can point anywhere (chaos scenario 4 met a pwrite at an
+	 * offset outside data.mdb, EINVAL on every commit of every start, so
+	 * the file was never set aside); damage, not an I/O error */
+	if (l2->map_base && ((uint8_t *)v.mv_data < l2->map_base ||
+			     (uint64_t)((uint8_t *)v.mv_data - l2->map_base) + HDR_BYTES + it->len > l2->map_now))
+		return MDB_CORRUPTED;
 	l2_hdr h;
 	kvs_record_init(&h, &it->key, it->geom, it->len);
 	uint64_t seed = kvs_record_seed(&h, &it->key);
@@ -356,6 +363,15 @@ static void evict_for(kvs_l2 *l2, uint64_t incoming_pages)
 			step /= 2;
 			continue;
 		}
+		/* a transaction that only deletes a page's worth needs a few
+		 * pages for its copies of the B-tree path, which the map's
+		 * reserve above the capacity always has in a healthy
+		 * environment; on a damaged free list or tree it runs the map
+		 * full on every start (chaos scenario 4): set it aside next. Not
+		 * with the map capped by a full disk (map_now < map_full): the
+		 * reserve may be what the disk lacks */
+		if (rc == MDB_MAP_FULL && l2->map_now >= l2->map_full && l2->suspect_fails++ == 0)
+			kvs__l2_note_error(l2, MDB_CORRUPTED, "an eviction alone ran the map full");
 		pthread_mutex_lock(&l2->mu);
 		uint64_t after = l2->st.bytes;
 		pthread_mutex_unlock(&l2->mu);

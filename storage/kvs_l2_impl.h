@@ -107,7 +107,7 @@ struct kvs_l2 {
 	bool committed;     /* a write transaction of this run has committed (state_mu) */
 	atomic_int inject;  /* kvs__l2_inject */
 	kvs_ratelimit rl_commit, rl_disk, rl_bad, rl_corrupt;
-	uint32_t suspect_fails; /* writer: group commits failed with an error only damage explains (kvs_l2.c) */
+	uint32_t suspect_fails; /* writer: commits failed in a way only damage explains (kvs_l2.c) */
 	kvs_l2_stats st; /* guarded by mu */
 };
 
