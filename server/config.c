@@ -12,6 +12,7 @@
 #include <strings.h>
 #include <yaml.h>
 
+#include "copy_host.h"
 #include "kvs_l2.h"
 #include "kvs_l3.h"
 #include "kvs_log.h"
@@ -105,6 +106,9 @@ static const kvs_config_key keys[] = {
 	 "large, each next up to 1.5x the last and 8x this (0: whole parts)"},
 	{"cuda-poll-us", KVS_CFG_COUNT, F(cuda_poll_us), sizeof(uint32_t), 0, 10000000, "US",
 	 "the loop polls a GPU copy's end instead of sleeping for this long after queueing it (0: host functions only)"},
+	{"copy-spin-us", KVS_CFG_COUNT, F(copy_spin_us), sizeof(uint32_t), 0, KVS_COPY_SPIN_MAX_US, "US",
+	 "a host copy thread polls for the next task this long before it sleeps, on machines with 8 or more "
+	 "CPUs (0: never)"},
 	{NULL, 0, 0, 0, 0, 0, NULL, NULL},
 };
 

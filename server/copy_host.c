@@ -128,7 +128,7 @@ static void *worker(void *arg)
 	return NULL;
 }
 
-int kvs_copy_pool_create(unsigned n, kvs_cq *cq, kvs_copy_pool **ret)
+int kvs_copy_pool_create(unsigned n, uint32_t spin_us, kvs_cq *cq, kvs_copy_pool **ret)
 {
 	static pthread_once_t once = PTHREAD_ONCE_INIT;
 	pthread_once(&once, install_guard);
@@ -150,8 +150,8 @@ int kvs_copy_pool_create(unsigned n, kvs_cq *cq, kvs_copy_pool **ret)
 	/* spinning only where cores are plenty (architecture.md §17.11) */
 	const char *sp = getenv("KVS_COPY_SPIN_US");
 	long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-	uint64_t spin_us = sp ? strtoull(sp, NULL, 10) : cpus >= KVS_COPY_SPIN_MIN_CPUS ? KVS_COPY_SPIN_US : 0;
-	p->spin_ns = (spin_us < 10000 ? spin_us : 10000) * 1000u; /* at most 10 ms: destroy waits for a spin */
+	uint64_t us = sp ? strtoull(sp, NULL, 10) : cpus >= KVS_COPY_SPIN_MIN_CPUS ? spin_us : 0;
+	p->spin_ns = (us < KVS_COPY_SPIN_MAX_US ? us : KVS_COPY_SPIN_MAX_US) * 1000u; /* destroy waits for a spin */
 	for (p->n = 0; p->n < n; p->n++) {
 		int e = pthread_create(&p->thr[p->n], NULL, worker, p);
 		if (e) {

@@ -22,16 +22,18 @@ typedef struct kvs_copy_pool kvs_copy_pool;
  * hand-offs, and short (a few microseconds). */
 #define KVS_COPY_INLINE_MAX (64u << 10)
 
-/* A pool thread that ran a task polls the queue this long before it sleeps,
- * on machines with at least KVS_COPY_SPIN_MIN_CPUS online CPUs
- * (KVS_COPY_SPIN_US in the environment overrides both; 0: never): a job's
- * next part then needs no futex wake-up from the loop and starts without a
- * sleeping thread's wake-up latency. */
+/* A pool thread that ran a task polls the queue spin_us (the setting
+ * copy-spin-us, default KVS_COPY_SPIN_US) before it sleeps, on machines with
+ * at least KVS_COPY_SPIN_MIN_CPUS online CPUs (KVS_COPY_SPIN_US in the
+ * environment overrides both, for experiments; 0: never; at most
+ * KVS_COPY_SPIN_MAX_US): a job's next part then needs no futex wake-up from
+ * the loop and starts without a sleeping thread's wake-up latency. */
 #define KVS_COPY_SPIN_US 50u
+#define KVS_COPY_SPIN_MAX_US 10000u
 #define KVS_COPY_SPIN_MIN_CPUS 8
 
 /* Starts n threads that post finished tasks to cq. 0 or -errno. */
-int kvs_copy_pool_create(unsigned n, kvs_cq *cq, kvs_copy_pool **ret);
+int kvs_copy_pool_create(unsigned n, uint32_t spin_us, kvs_cq *cq, kvs_copy_pool **ret);
 /* Runs the queued tasks to the end and joins the threads. Tasks posted but
  * not yet run by the queue stay the caller's. Accepts NULL. */
 void kvs_copy_pool_destroy(kvs_copy_pool *p);

@@ -88,6 +88,7 @@ void kvs_server_config_defaults(kvs_server_config *cfg)
 	cfg->cuda_stage_min = 512ull << 10;
 	cfg->cuda_poll_us = 20000;
 	cfg->copy_wave = 1ull << 20;
+	cfg->copy_spin_us = KVS_COPY_SPIN_US;
 }
 
 /* ---- the CUDA engine, made off the start path ----------------------------- */
@@ -317,7 +318,7 @@ static int modules_init(kvs_server *srv)
 	srv->dispatch = dispatch;
 	if ((r = cuda_start(srv)) < 0)
 		goto fail;
-	if ((r = kvs_copy_pool_create(srv->cfg.copy_threads, srv->cq, &srv->pool)) < 0)
+	if ((r = kvs_copy_pool_create(srv->cfg.copy_threads, srv->cfg.copy_spin_us, srv->cq, &srv->pool)) < 0)
 		goto fail;
 	if (srv->cfg.l2_path[0]) {
 		kvs_l2_config l2c;

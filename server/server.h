@@ -64,6 +64,7 @@ typedef struct kvs_server_config {
 	uint64_t cuda_stage_min; /* stage a part when its L1 runs average at least this */
 	uint32_t cuda_poll_us;  /* the loop spins on a GPU part's end event this long after queueing it */
 	uint64_t copy_wave;     /* first wave of a long part's copies, bytes (plan.h; 0: whole parts) */
+	uint32_t copy_spin_us;  /* a host copy thread polls for the next task this long (copy_host.h) */
 } kvs_server_config;
 
 void kvs_server_config_defaults(kvs_server_config *cfg);

@@ -148,6 +148,7 @@ static const struct {
 	{"ttl-ms: 0\n", {":1:", "ttl-ms", "between 1 and 86400000"}},
 	{"\n\nttl-ms: 10s\n", {":3:", "ttl-ms", "'10s'"}},
 	{"copy-threads: 65\n", {":1:", "copy-threads"}},
+	{"copy-spin-us: 10001\n", {":1:", "copy-spin-us", "between 0 and 10000"}},
 	{"terminal-jobs: 0\n", {":1:", "terminal-jobs"}},
 	{"prefault: maybe\n", {":1:", "prefault", "true or false"}},
 	{"allow-uid: root\n", {":1:", "allow-uid"}},
@@ -295,7 +296,8 @@ START_TEST(example_file_holds_the_defaults)
 			{"l2-sync", "none"}, {"metrics-listen", "127.0.0.1:7"},
 			{"metrics-stall-ms", "7"}, {"log-level", "error"}, {"log-format", "json"}, {"cuda-staging", "7M"},
 			{"cuda-stage-min", "7K"}, {"max-sessions", "7"}, {"max-peer-queue", "7M"},
-			{"max-queued", "9M"}, {"insecure-tcp", "true"}, {"authorized-keys", "/x"}};
+			{"max-queued", "9M"}, {"insecure-tcp", "true"}, {"authorized-keys", "/x"},
+			{"copy-spin-us", "7"}};
 		for (size_t i = 0; i < sizeof(odd) / sizeof(odd[0]); i++)
 			if (strcmp(odd[i].name, k->name) == 0)
 				ck_assert_int_eq(kvs_config_set(&c, k->name, odd[i].val, err, sizeof(err)), 0);
