@@ -553,6 +553,22 @@ class Test:
         raw.close()
         self.hostiles.remove(raw)
 
+    def burst_case(self):
+        """1,000 requests written at once over ZeroMQ (no lane): the loop
+        reads at most 256 per pass, and ZeroMQ's fd signals only once for
+        them, so the rest must be read without new traffic arriving
+        (architecture.md §17.10: the loop asks ZMQ_EVENTS again after it
+        used the socket). Every reply comes, in order, and nothing else."""
+        n = 1000
+        first = self.good.next_id + 1
+        for i in range(n):
+            self.good.send_raw(pack({"v": 1, "op": "heartbeat", "id": first + i, "session": self.session}))
+        self.good.next_id += n
+        for i in range(n):
+            self.check_ok(self.good.recv(), "heartbeat", first + i, "heartbeat %d of a burst of %d" % (i + 1, n))
+        check(not self.good.pending(), "an extra message after a burst")
+        self.cases.append("a burst of 1,000 requests over ZeroMQ: all answered")
+
     def oversized_drop_case(self):
         """A message far above ZMQ_MAXMSGSIZE: ZeroMQ drops the connection
         (no reply is possible); the server must survive and serve a new one."""
@@ -803,6 +819,7 @@ print(" ".join(res))
         self.start()
         idle = self.bconnect()  # never sends: the server drops it after its idle timeout
         self.zmq_cases()
+        self.burst_case()
         self.session_expiry_case()
         self.oversized_drop_case()
 
