@@ -78,16 +78,16 @@ static int copy_segs(const kvs_copy_task *t)
 static void pool_submit(kvs_copy_engine *e, void *stream, const kvs_copy_part *part);
 static void run_here(kvs_copy_pool *p, kvs_copy_task *t);
 
-/* Polls the queue's count for up to spin_ns (without the mutex): true if a
- * task came. */
-static bool spin_for_task(kvs_copy_pool *p)
+/* Polls the queue's count (without the mutex) until a task comes or spin_ns
+ * ran out. */
+static void spin_for_task(kvs_copy_pool *p)
 {
 	uint64_t end = kvs_now_ns() + p->spin_ns;
 	for (unsigned i = 1;; i++) {
 		if (atomic_load_explicit(&p->queued, memory_order_relaxed))
-			return true;
+			return;
 		if (!(i & 63) && kvs_now_ns() >= end)
-			return false;
+			return;
 #if defined(__x86_64__) || defined(__i386__)
 		__builtin_ia32_pause();
 #endif

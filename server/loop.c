@@ -27,6 +27,7 @@
 #include "events.h"
 #include "kvs_cq.h"
 #include "kvs_workq.h"
+#include "kvs_zfd.h"
 #include "access.h"
 #include "admin.h"
 #include "auth.h"
@@ -791,37 +792,28 @@ static void close_overflowed(kvs_server *srv)
 	}
 }
 
-/* A ZeroMQ socket in the loop's poll set, watched through its ZMQ_FD:
- * zmq_poll costs a getpid and a poll of its own per ZeroMQ socket on every
- * pass, where the loop's one poll of plain fds needs nothing more. The fd
- * only says that the socket's state may have changed, and a send, a receive
- * or a ZMQ_EVENTS query may take that signal while messages wait; so
- * ZMQ_EVENTS is asked after the fd fires and before the next poll after the
- * loop used the socket. */
+/* A ZeroMQ socket in the loop's poll set, watched through its ZMQ_FD
+ * (kvs_zfd.h): zmq_poll costs a getpid and a poll of its own per ZeroMQ
+ * socket on every pass, where the loop's one poll of plain fds needs
+ * nothing more. */
 typedef struct zwatch {
 	void *sock; /* NULL: not watched */
 	int fd;
-	bool check; /* ask ZMQ_EVENTS before the next poll */
+	int at;     /* its entry in this pass's poll set, or -1 */
+	bool check; /* ask ZMQ_EVENTS before the next poll (the loop used the socket) */
 	bool ready; /* a message waits */
 } zwatch;
 
-static void zwatch_set(zwatch *w, void *sock)
+/* A ready socket is handled now: true once, and its state is asked again
+ * before the next poll (the handler may leave messages, at its budget). */
+static bool ztake(zwatch *w)
 {
-	*w = (zwatch){.sock = sock, .fd = -1, .check = true};
-	size_t l = sizeof(w->fd);
-	if (sock && zmq_getsockopt(sock, ZMQ_FD, &w->fd, &l) != 0)
-		w->fd = -1;
+	if (!w->ready)
+		return false;
+	w->ready = false;
+	w->check = true;
+	return true;
 }
-
-static bool zreadable(void *sock)
-{
-	int ev = 0;
-	size_t l = sizeof(ev);
-	return zmq_getsockopt(sock, ZMQ_EVENTS, &ev, &l) == 0 && (ev & ZMQ_POLLIN);
-}
-
-/* The fds of ZeroMQ sockets: their only signal is POLLIN */
-static bool fd_fired(const struct pollfd *p) { return p->revents & (POLLIN | POLLERR | POLLHUP | POLLNVAL); }
 
 int kvs_server_run(kvs_server *srv, int sigfd)
 {
@@ -830,16 +822,16 @@ int kvs_server_run(kvs_server *srv, int sigfd)
 	int fds_cap = 0;
 	enum { Z_ROUTER, Z_ZAP, Z_REPLAY, NZ };
 	zwatch z[NZ];
-	zwatch_set(&z[Z_ROUTER], srv->router);
+	void *zs[NZ] = {srv->router, kvs_auth_zap_socket(srv->auth), kvs_events_replay_socket(srv->events)};
+	for (int i = 0; i < NZ; i++)
+		z[i] = (zwatch){.sock = zs[i], .fd = kvs_zmq_fd(zs[i]), .at = -1, .check = true};
 	if (z[Z_ROUTER].fd < 0) { /* the loop could not hear new requests */
 		kvs_err("libzmq gave no ZMQ_FD for the ROUTER socket: %s", zmq_strerror(errno));
 		return -EIO;
 	}
-	zwatch_set(&z[Z_ZAP], kvs_auth_zap_socket(srv->auth));
-	zwatch_set(&z[Z_REPLAY], kvs_events_replay_socket(srv->events));
-	/* poll entries 0..4: the router, the broker socket, the completion
-	 * queue, the signals and the ZAP handler; then the replay socket (if
-	 * any), the broker connections and the lanes */
+	/* poll entries 0..3: the broker socket, the completion queue, the
+	 * signals and the router; then the ZAP and replay sockets (if any),
+	 * the broker connections and the lanes */
 	while (!srv->stopping) {
 		/* a GPU copy queued moments ago is in flight: the loop polls its
 		 * end (and the sockets) rather than sleeping until its host
@@ -871,16 +863,12 @@ int kvs_server_run(kvs_server *srv, int sigfd)
 			fds_cap = want;
 		}
 		int n = 0;
-		fds[n++] = (struct pollfd){.fd = z[Z_ROUTER].fd, .events = POLLIN};
 		fds[n++] = (struct pollfd){.fd = srv->broker_fd, .events = POLLIN};
 		fds[n++] = (struct pollfd){.fd = kvs_cq_fd(srv->cq), .events = POLLIN};
 		fds[n++] = (struct pollfd){.fd = sigfd, .events = POLLIN};
-		fds[n++] = (struct pollfd){.fd = z[Z_ZAP].fd, .events = POLLIN};
-		int replay_at = -1;
-		if (z[Z_REPLAY].sock) {
-			replay_at = n;
-			fds[n++] = (struct pollfd){.fd = z[Z_REPLAY].fd, .events = POLLIN};
-		}
+		for (int i = 0; i < NZ; i++)
+			if ((z[i].at = z[i].fd >= 0 ? n : -1) >= 0)
+				fds[n++] = (struct pollfd){.fd = z[i].fd, .events = POLLIN};
 		int nfix = n;
 		for (int i = 0; i < srv->n_conns; i++)
 			fds[n++] = (struct pollfd){.fd = srv->conns[i].fd, .events = POLLIN};
@@ -899,7 +887,7 @@ int kvs_server_run(kvs_server *srv, int sigfd)
 		for (int i = 0; i < NZ; i++)
 			if (z[i].sock && z[i].check) {
 				z[i].check = false;
-				if ((z[i].ready = zreadable(z[i].sock)))
+				if ((z[i].ready = kvs_zmq_readable(z[i].sock)))
 					timeout = 0;
 			}
 		if (cuda_spin)
@@ -913,10 +901,9 @@ int kvs_server_run(kvs_server *srv, int sigfd)
 		}
 		if (pr < 0)
 			pr = 0;
-		const int zat[NZ] = {0, 4, replay_at};
-		for (int i = 0; i < NZ; i++)
-			if (z[i].sock && !z[i].ready && fd_fired(&fds[zat[i]]))
-				z[i].ready = zreadable(z[i].sock);
+		for (int i = 0; i < NZ; i++) /* a ZMQ_FD's only signal is POLLIN */
+			if (z[i].at >= 0 && !z[i].ready && (fds[z[i].at].revents & (POLLIN | POLLERR | POLLHUP | POLLNVAL)))
+				z[i].ready = kvs_zmq_readable(z[i].sock);
 		bool zready = z[Z_ROUTER].ready || z[Z_ZAP].ready || z[Z_REPLAY].ready;
 		if (pr > 0 || zready)
 			KVS_TRACE(KVS_TP_SRV_WAKE, pr);
@@ -925,39 +912,30 @@ int kvs_server_run(kvs_server *srv, int sigfd)
 		bool idle = pr == 0 && !zready && srv->now_ms < next_tick;
 		uint64_t busy0 = idle ? 0 : thread_cpu_ns();
 		if (pr > 0 || zready) {
-			if (fds[3].revents & POLLIN) {
+			if (fds[2].revents & POLLIN) {
 				struct signalfd_siginfo si;
 				if (read(sigfd, &si, sizeof(si)) == sizeof(si)) {
 					kvs_info("signal %u: shutting down", si.ssi_signo);
 					srv->stopping = true;
 				}
 			}
-			if (fds[2].revents & POLLIN) {
+			if (fds[1].revents & POLLIN) {
 				kvs__server_completions(srv);
 			}
-			if (z[Z_ROUTER].ready) {
+			if (ztake(&z[Z_ROUTER]))
 				router_ready(srv);
-				z[Z_ROUTER].ready = false;
-				z[Z_ROUTER].check = true; /* it may have left messages (its budget) */
-			}
 			kvs__lanes_ready(srv, fds + nconn, n - nconn);
 			close_overflowed(srv);
 			/* broker connections, newest first so removal keeps indices */
 			for (int i = nconn - 1; i >= nfix; i--)
 				if (fds[i].revents & (POLLIN | POLLERR | POLLHUP | POLLNVAL))
 					kvs__broker_conn_ready(srv, i - nfix);
-			if (fds[1].revents & POLLIN)
+			if (fds[0].revents & POLLIN)
 				kvs__broker_accept(srv);
-			if (z[Z_ZAP].ready) {
+			if (ztake(&z[Z_ZAP]))
 				kvs_auth_zap_ready(srv->auth);
-				z[Z_ZAP].ready = false;
-				z[Z_ZAP].check = true;
-			}
-			if (z[Z_REPLAY].ready) {
+			if (ztake(&z[Z_REPLAY]))
 				kvs_events_replay(srv->events);
-				z[Z_REPLAY].ready = false;
-				z[Z_REPLAY].check = true;
-			}
 		}
 		if (srv->now_ms >= next_tick) {
 			kvs__server_tick(srv);

@@ -470,13 +470,11 @@ static void *writer_main(void *arg)
 		 * group commit so (the map-full path aborts and retries cleanly);
 		 * after random B-tree damage it answers so on every commit of
 		 * every start (chaos scenario 4): the next start sets it aside */
-		if (rc == MDB_PAGE_FULL || rc == MDB_BAD_TXN || rc == MDB_BAD_VALSIZE || rc == MDB_CURSOR_FULL) {
-			char what[96];
-			snprintf(what, sizeof(what), "a group commit failed with %s",
-				 rc == MDB_PAGE_FULL ? "MDB_PAGE_FULL" : rc == MDB_BAD_TXN ? "MDB_BAD_TXN"
-				 : rc == MDB_BAD_VALSIZE ? "MDB_BAD_VALSIZE" : "MDB_CURSOR_FULL");
-			if (l2->suspect_fails++ == 0)
-				kvs__l2_note_error(l2, MDB_CORRUPTED, what);
+		if ((rc == MDB_PAGE_FULL || rc == MDB_BAD_TXN || rc == MDB_BAD_VALSIZE || rc == MDB_CURSOR_FULL) &&
+		    l2->suspect_fails++ == 0) {
+			char what[160];
+			snprintf(what, sizeof(what), "a group commit failed with %s", mdb_strerror(rc));
+			kvs__l2_note_error(l2, MDB_CORRUPTED, what);
 		}
 
 		pthread_mutex_lock(&l2->mu);

@@ -19,6 +19,7 @@
 #include "kvs_log.h"
 #include "kvs_trace.h"
 #include "kvs_time.h"
+#include "kvs_zfd.h"
 
 /* ---- blocking helpers ------------------------------------------------------ */
 
@@ -193,8 +194,7 @@ int kvs_client_open(const kvs_client_config *cfg, kvs_client **ret)
 	zmq_setsockopt(c->dealer, ZMQ_RECONNECT_IVL_MAX, &ivlmax, sizeof(ivlmax));
 	if ((r = set_curve(c->dealer, cfg)) < 0)
 		goto err_sock;
-	size_t fdl = sizeof(c->dealer_fd);
-	if (zmq_getsockopt(c->dealer, ZMQ_FD, &c->dealer_fd, &fdl) != 0) {
+	if ((c->dealer_fd = kvs_zmq_fd(c->dealer)) < 0) {
 		r = -EINVAL;
 		kvs_err("libzmq gave no ZMQ_FD: %s", zmq_strerror(errno));
 		goto err_sock;

@@ -15,6 +15,7 @@
 #include "kvs_log.h"
 #include "kvs_time.h"
 #include "kvs_trace.h"
+#include "kvs_zfd.h"
 
 /* ---- submission (any thread) ----------------------------------------------- */
 
@@ -471,14 +472,6 @@ static void fail_all(kvs_client *c)
 	}
 }
 
-/* Whether a reply waits on the dealer (see dealer_fd in client_int.h). */
-static bool dealer_readable(kvs_client *c)
-{
-	int ev = 0;
-	size_t l = sizeof(ev);
-	return zmq_getsockopt(c->dealer, ZMQ_EVENTS, &ev, &l) == 0 && (ev & ZMQ_POLLIN);
-}
-
 /* The lane and the broker connection speak zmq_poll's event bits (their
  * modules predate the plain poll); poll(2)'s are translated at the call. */
 static short to_poll(short zev)
@@ -518,12 +511,12 @@ void *kvs__io_main(void *arg)
 		bool dready = false;
 		if (c->dealer_check) { /* the thread used the dealer since it last asked */
 			c->dealer_check = false;
-			if ((dready = dealer_readable(c)))
+			if ((dready = kvs_zmq_readable(c->dealer)))
 				to = 0;
 		}
 		int pr = poll(it, (nfds_t)n, (int)to);
 		if (!dready && pr > 0 && (it[0].revents & (POLLIN | POLLERR | POLLHUP)))
-			dready = dealer_readable(c);
+			dready = kvs_zmq_readable(c->dealer);
 		if ((pr > 0 || dready) && c->busy_poll_ns)
 			c->last_io_ns = kvs_now_ns();
 		if (it[1].revents & POLLIN) {
