@@ -621,9 +621,13 @@ int kvs_job_wait(kvs_client *c, uint64_t job, int timeout_ms, int *ret_state)
 		    until.tv_nsec == ts.tv_nsec)
 			break;
 	}
-	if (r == 0 && waited) { /* learn how long a wait takes (an average over ~8 waits) */
-		uint64_t d = kvs_now_ns() - t0;
-		c->wait_avg_ns = c->wait_avg_ns ? (7 * c->wait_avg_ns + d) / 8 : d;
+	if (r == 0 && waited) { /* learn how long a wait takes */
+		uint64_t d = kvs_now_ns() - t0, a = c->wait_avg_ns;
+		/* up slowly (over ~8 waits), down fast (halfway each wait): one
+		 * slow wait, often the first, no longer keeps the window past
+		 * the job's end for many waits; a window opened early costs at
+		 * most its own polling */
+		c->wait_avg_ns = !a ? d : d < a ? (a + d) / 2 : (7 * a + d) / 8;
 	}
 	pthread_mutex_unlock(&c->mu);
 	if (ret_state && r == 0)
