@@ -65,6 +65,9 @@ void kvs_imports_set_cuda(kvs_imports *t, struct kvs_cuda_engine *e);
 struct kvs_workq;
 /* Where CUDA mappings are released (NULL: at once, on the calling thread). */
 void kvs_imports_set_workq(kvs_imports *t, struct kvs_workq *q);
+/* Where host mappings are unmapped and their memfds closed (NULL: at once,
+ * on the calling thread). The queue must outlive the imports' releases. */
+void kvs_imports_set_reclaimq(kvs_imports *t, struct kvs_workq *q);
 /* Every import must have been released. Accepts NULL. */
 void kvs_imports_destroy(kvs_imports *t);
 

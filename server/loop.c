@@ -315,6 +315,11 @@ static int modules_init(kvs_server *srv)
 	if ((r = kvs_workq_create(srv->cq, &srv->setupq)) < 0)
 		goto fail;
 	kvs_registry_set_setupq(srv->reg, srv->setupq);
+	/* host unmaps and memfd closes, off the loop and off the setup thread
+	 * (a session's teardown must not delay the next register) */
+	if ((r = kvs_workq_create(srv->cq, &srv->reclaimq)) < 0)
+		goto fail;
+	kvs_registry_set_reclaimq(srv->reg, srv->reclaimq);
 	srv->replay = replay_held;
 	srv->dispatch = dispatch;
 	if ((r = cuda_start(srv)) < 0)
@@ -386,6 +391,8 @@ static void modules_fini(kvs_server *srv)
 	srv->reg = NULL;
 	kvs_workq_destroy(srv->setupq); /* runs the CUDA releases queued above */
 	srv->setupq = NULL;
+	kvs_workq_destroy(srv->reclaimq); /* and the host ones */
+	srv->reclaimq = NULL;
 	kvs_cuda_engine_destroy(srv->cuda); /* unpins L1: after every import is gone */
 	srv->cuda = NULL;
 	kvs_l1_destroy(srv->l1);

@@ -26,6 +26,7 @@
 struct kvs_registry {
 	struct kvs_cuda_engine *cuda;
 	kvs_workq *q;           /* the setup thread (NULL: registers complete inline) */
+	kvs_workq *reclaimq;    /* host unmaps (NULL: inline) */
 	uint32_t test_delay_ms; /* KVS_TEST_REGISTER_DELAY_MS: every register deferred, this much slower */
 	kvs_htab *regs;    /* kvs_reg by id */
 	kvs_htab *live;    /* the live (not dead) kvs_reg of each session, by session id */
@@ -60,6 +61,12 @@ void kvs_registry_set_setupq(kvs_registry *r, kvs_workq *q)
 	kvs_imports_set_workq(r->imports, q);
 }
 
+void kvs_registry_set_reclaimq(kvs_registry *r, kvs_workq *q)
+{
+	r->reclaimq = q;
+	kvs_imports_set_reclaimq(r->imports, q);
+}
+
 void kvs_registry_set_cuda(kvs_registry *r, struct kvs_cuda_engine *e)
 {
 	r->cuda = e;
@@ -78,41 +85,49 @@ static void spans_free(struct kvs_cuda_engine *cuda, kvs_span *spans, uint32_t n
 	free(spans);
 }
 
-/* A CUDA registration's stream and spans, torn down on the setup thread
- * (their driver calls never run on the loop); queued before the imports'
- * own releases, so FIFO unmaps the spans first. */
+/* A registration's stream and spans, torn down off the loop: a CUDA one's
+ * on the setup thread (their driver calls never run on the loop), a host
+ * one's on the reclaim thread; queued before the imports' own releases to
+ * the same thread, so FIFO unmaps the spans first. */
 typedef struct teardown_item {
 	kvs_workq_item wi; /* first */
 	struct kvs_cuda_engine *cuda; /* outlives the queue (the registry may not: shutdown) */
 	struct kvs_cuda_stream *stream;
 	kvs_span *spans;
 	uint32_t n_spans;
+	bool device; /* driver work: L1's pinning pauses for it */
 } teardown_item;
 
 static void teardown_work(kvs_workq_item *it)
 {
 	teardown_item *t = (teardown_item *)it;
-	kvs_cuda_pin_hold(t->cuda, true);
+	if (t->device)
+		kvs_cuda_pin_hold(t->cuda, true);
 	kvs_cuda_stream_destroy(t->cuda, t->stream);
 	spans_free(t->cuda, t->spans, t->n_spans);
-	kvs_cuda_pin_hold(t->cuda, false);
+	if (t->device)
+		kvs_cuda_pin_hold(t->cuda, false);
 	free(t);
 }
 
-/* Releases a stream and spans: CUDA ones on the setup thread, host ones here. */
+/* Releases a stream and spans: CUDA ones on the setup thread, host ones on
+ * the reclaim thread (an unmap takes time in proportion to the pages the
+ * copies touched: ~36 ms per GiB read); inline when there is no such thread. */
 static void release_mappings(kvs_registry *r, struct kvs_cuda_stream *stream, kvs_span *spans, uint32_t n_spans)
 {
 	bool device = stream != NULL;
 	for (uint32_t i = 0; i < n_spans; i++)
 		device |= spans[i].cspan != NULL;
-	teardown_item *t = device && r->q ? calloc(1, sizeof(*t)) : NULL;
+	kvs_workq *q = device ? r->q : r->reclaimq;
+	teardown_item *t = q && (device || n_spans) ? calloc(1, sizeof(*t)) : NULL;
 	if (!t) {
 		kvs_cuda_stream_destroy(r->cuda, stream);
 		spans_free(r->cuda, spans, n_spans);
 		return;
 	}
-	*t = (teardown_item){.wi.work = teardown_work, .cuda = r->cuda, .stream = stream, .spans = spans, .n_spans = n_spans};
-	kvs_workq_submit(r->q, &t->wi);
+	*t = (teardown_item){.wi.work = teardown_work, .cuda = r->cuda, .stream = stream, .spans = spans, .n_spans = n_spans,
+			     .device = device};
+	kvs_workq_submit(q, &t->wi);
 }
 
 static void reg_free(kvs_registry *r, kvs_reg *g)

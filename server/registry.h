@@ -80,6 +80,10 @@ struct kvs_workq;
 /* The setup thread registers' driver work runs on, and CUDA mappings are
  * released on (NULL: inline, on the loop). */
 void kvs_registry_set_setupq(kvs_registry *r, struct kvs_workq *q);
+/* The reclaim thread host mappings are unmapped and host memfds closed on
+ * (NULL: inline, on the loop): both take time in proportion to the bytes
+ * the copies touched. Must outlive the registry. */
+void kvs_registry_set_reclaimq(kvs_registry *r, struct kvs_workq *q);
 /* Releases every registration and import (leases must be zero). */
 void kvs_registry_destroy(kvs_registry *r);
 

@@ -167,6 +167,7 @@ struct kvs_server {
 	char broker_path[300];
 	struct kvs_cq *cq; /* completion queue: work finished on other threads */
 	struct kvs_workq *setupq; /* the setup thread: registers' driver work (registry.c) */
+	struct kvs_workq *reclaimq; /* the reclaim thread: host unmaps and memfd closes (registry.c) */
 	/* run when a session's register was answered: handles the requests held
 	 * behind it (loop.c sets it; the registry calls it) */
 	void (*replay)(kvs_server *srv, uint64_t session);

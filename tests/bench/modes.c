@@ -1439,6 +1439,89 @@ int kvb_mode_restart(const kvb_opts *o)
 	return rc;
 }
 
+/* Asks for stats every millisecond and keeps the largest round trip of
+ * each phase: 0 before the rank leaves, 1 from then on (2 stops). */
+typedef struct pinger {
+	kvs_client *c;
+	atomic_int phase;
+	double max[2];
+	uint32_t n[2];
+	int rc;
+} pinger;
+
+static void *pinger_main(void *p)
+{
+	pinger *pg = p;
+	kvs_stat_out st[8];
+	uint32_t ns;
+	int ph;
+	while ((ph = atomic_load(&pg->phase)) < 2) {
+		double t0 = kvb_now();
+		if (kvs_stats(pg->c, 10000, st, 8, &ns) != 0) {
+			pg->rc = -1;
+			break;
+		}
+		double dt = kvb_now() - t0;
+		pg->max[ph] = dt > pg->max[ph] ? dt : pg->max[ph];
+		pg->n[ph]++;
+		usleep(1000);
+	}
+	return NULL;
+}
+
+/* A rank registers gib GiB of host memory, store jobs read all of it, then
+ * it says bye and drops its memory (an engine that exits): the server's
+ * release of that registration unmaps what its copies touched and closes
+ * the memfd's last reference, which frees the memory. Meanwhile another
+ * session asks for stats every millisecond: *before is the largest round
+ * trip in the 0.5 s before the bye, *after the largest from the bye until
+ * 0.5 s after the registration is gone. */
+static int release_stall(const kvb_opts *o, uint32_t gib, double *before, double *after)
+{
+	kvt_server s;
+	if (kvb_server_start(o, &s, "--l1-size", "1073741824", NULL))
+		return -1;
+	int rc = -1;
+	geo g = {.layers = 1, .bpc = 32, .nb = gib * 16384u, .block = 64 << 10};
+	rank_ctx r;
+	pinger pg = {0};
+	pthread_t t;
+	bool started = false;
+	kvs_client *sc = kvt_client(&s, "rel", KVS_ROLE_SCHEDULER, 0, 1, NULL, NULL);
+	if (!sc || rank_setup(&s, "rel", 0, 1, g, &r))
+		goto out;
+	for (uint32_t k = 0; k < g.nb / g.bpc; k += 256) /* 512 MiB per job: every page read */
+		if (run_job(&r, true, 4242000000ull + k, 4242, k, 256, k * g.bpc, 1, NULL))
+			goto out;
+	pg.c = sc;
+	if (pthread_create(&t, NULL, pinger_main, &pg))
+		goto out;
+	started = true;
+	usleep(500000);
+	atomic_store(&pg.phase, 1);
+	kvs_client_close(r.c);
+	r.c = NULL;
+	munmap(r.mem, r.size);
+	close(r.fd);
+	for (int w = 0; w < 3000 && kvb_stat(sc, "registrations") != 0; w++) /* it goes at the bye */
+		usleep(5000);
+	usleep(500000);
+	rc = 0;
+out:
+	if (started) {
+		atomic_store(&pg.phase, 2);
+		pthread_join(t, NULL);
+		rc = pg.rc || !pg.n[0] || !pg.n[1] ? -1 : rc;
+	}
+	*before = pg.max[0];
+	*after = pg.max[1];
+	kvs_client_close(r.c);
+	kvs_client_close(sc);
+	kvt_server_stop(&s);
+	kvt_server_cleanup(&s);
+	return rc;
+}
+
 int kvb_mode_memory(const kvb_opts *o)
 {
 	uint64_t sizes[2] = {o->quick ? 10000 : 100000, o->quick ? 100000 : 1000000};
@@ -1472,6 +1555,18 @@ int kvb_mode_memory(const kvb_opts *o)
 		kvs_client_close(sc);
 		kvt_server_stop(&s);
 		kvt_server_cleanup(&s);
+	}
+	uint32_t gib = o->quick ? 1 : 4;
+	double before, after;
+	if (!rc && release_stall(o, gib, &before, &after) == 0) {
+		char nm[128];
+		snprintf(nm, sizeof(nm), "memory: largest stats round trip while a rank's %u GiB is released", gib);
+		kvb_result(nm, after * 1e3, "ms", before * 1e3, "");
+		kvb_note("release: one rank registers %u GiB of host memory, store jobs read every page, then it says "
+			 "bye and drops its memfd, so the server's unmap and close free it; another session asks "
+			 "for stats every ms; baseline: the largest round trip in the 0.5 s before the bye", gib);
+	} else if (!rc) {
+		rc = 1;
 	}
 	return rc;
 }

@@ -31,6 +31,9 @@
 #include "kvs_error.h"
 #include "kvs_l1.h"
 #include "kvs_log.h"
+#include "kvs_workq.h"
+#include "memfd_maps.h"
+#include "workq_gate.h"
 #include "registry.h"
 #include "reply.h"
 #include "session.h"
@@ -89,6 +92,15 @@ static inline int fx_count_fds(void)
 		n++;
 	closedir(d);
 	return n;
+}
+
+/* The process's open fds once the server's reclaim thread has run what was
+ * queued to it (host unmaps and memfd closes happen there, not at the
+ * release). */
+static inline int fx_settled_fds(fx *f)
+{
+	kvs_workq_drain(f->srv->reclaimq);
+	return fx_count_fds();
 }
 
 /* hello; returns the new session (found by its routing id) */

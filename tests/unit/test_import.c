@@ -22,6 +22,10 @@
 
 #include "check_main.h"
 #include "import.h"
+#include "kvs_cq.h"
+#include "kvs_workq.h"
+#include "memfd_maps.h"
+#include "workq_gate.h"
 #include "kvs_error.h"
 #include "kvs_types.h"
 
@@ -45,20 +49,6 @@ static void assert_closed(int fd)
 	errno = 0;
 	ck_assert_int_eq(fcntl(fd, F_GETFD), -1);
 	ck_assert_int_eq(errno, EBADF);
-}
-
-/* Mappings of the memfd called name in this process. */
-static int mappings(const char *name)
-{
-	char needle[96], line[512];
-	snprintf(needle, sizeof(needle), "/memfd:%s ", name);
-	FILE *f = fopen("/proc/self/maps", "r");
-	ck_assert_ptr_nonnull(f);
-	int n = 0;
-	while (fgets(line, sizeof(line), f))
-		n += strstr(line, needle) != NULL;
-	fclose(f);
-	return n;
 }
 
 static int mkmemfd(const char *name, uint64_t size, unsigned flags)
@@ -160,7 +150,7 @@ START_TEST(host_import_and_aliases)
 	ck_assert_mem_eq(imp->key + 17, d.alloc, 16);
 	ck_assert_int_ne(fcntl(mfd, F_GET_SEALS) & F_SEAL_SHRINK, 0);
 	ck_assert_int_lt(ftruncate(mfd, SZ / 2), 0); /* the engine cannot shrink it any more */
-	ck_assert_int_eq(mappings("kvt-imp-a"), 1);
+	ck_assert_int_eq(memfd_maps("kvt-imp-a"), 1);
 	ck_assert_uint_eq(kvs_imports_count(f.t), 1);
 	ck_assert_uint_eq(kvs_imports_aliases(f.t), 0);
 	/* the mapping is the engine's memory, both ways */
@@ -189,7 +179,7 @@ START_TEST(host_import_and_aliases)
 	ck_assert_uint_eq(kvs_imports_count(f.t), 1);
 	ck_assert_uint_eq(kvs_imports_aliases(f.t), 2);
 	ck_assert_int_eq(count_fds(), fds0 + 1);
-	ck_assert_int_eq(mappings("kvt-imp-a"), 1); /* one mapping for all */
+	ck_assert_int_eq(memfd_maps("kvt-imp-a"), 1); /* one mapping for all */
 
 	/* releases: the last one unmaps and closes */
 	kvs_import_release(f.t, imp);
@@ -197,12 +187,12 @@ START_TEST(host_import_and_aliases)
 	ck_assert_uint_eq(imp->refs, 1);
 	ck_assert_uint_eq(kvs_imports_aliases(f.t), 0);
 	ck_assert_uint_eq(kvs_imports_count(f.t), 1);
-	ck_assert_int_eq(mappings("kvt-imp-a"), 1);
+	ck_assert_int_eq(memfd_maps("kvt-imp-a"), 1);
 	ck_assert(fd_open(fd1));
 	ck_assert_mem_eq(imp->base, pat, SZ - 1);
 	kvs_import_release(f.t, imp);
 	ck_assert_uint_eq(kvs_imports_count(f.t), 0);
-	ck_assert_int_eq(mappings("kvt-imp-a"), 0);
+	ck_assert_int_eq(memfd_maps("kvt-imp-a"), 0);
 	assert_closed(fd1);
 	ck_assert_int_eq(count_fds(), fds0);
 
@@ -246,8 +236,8 @@ START_TEST(alias_refusals)
 	rq.fd = -1;
 	refused(&f, &rq, KVS_E_DEVICE, "fstat");
 	ck_assert_uint_eq(imp->refs, 1);
-	ck_assert_int_eq(mappings("kvt-imp-b1"), 1);
-	ck_assert_int_eq(mappings("kvt-imp-b2"), 0);
+	ck_assert_int_eq(memfd_maps("kvt-imp-b1"), 1);
+	ck_assert_int_eq(memfd_maps("kvt-imp-b2"), 0);
 
 	/* the other memfd under another alloc_id, or another uuid: imports of
 	 * their own */
@@ -260,7 +250,7 @@ START_TEST(alias_refusals)
 	ck_assert_ptr_ne(imp3, imp);
 	ck_assert_ptr_ne(imp3, imp2);
 	ck_assert_uint_eq(kvs_imports_count(f.t), 3);
-	ck_assert_int_eq(mappings("kvt-imp-b2"), 2);
+	ck_assert_int_eq(memfd_maps("kvt-imp-b2"), 2);
 	ck_assert_int_eq(count_fds(), fds0 + 3);
 	/* the same ids with the CUDA device type: another key, no engine */
 	rq.dev_type = KVS_DEV_CUDA;
@@ -271,8 +261,8 @@ START_TEST(alias_refusals)
 	kvs_import_release(f.t, imp2);
 	kvs_import_release(f.t, imp);
 	ck_assert_int_eq(count_fds(), fds0);
-	ck_assert_int_eq(mappings("kvt-imp-b1"), 0);
-	ck_assert_int_eq(mappings("kvt-imp-b2"), 0);
+	ck_assert_int_eq(memfd_maps("kvt-imp-b1"), 0);
+	ck_assert_int_eq(memfd_maps("kvt-imp-b2"), 0);
 	close(m1);
 	close(m2);
 	fx_done(&f);
@@ -293,16 +283,16 @@ START_TEST(unsealable_memfd)
 			ck_assert_int_eq(fcntl(m, F_ADD_SEALS, F_SEAL_SEAL), 0);
 		kvs_import_req rq = mkreq(&d, KVS_DEV_HOST, 1, 2, SZ, dup(m));
 		refused(&f, &rq, KVS_E_DEVICE, "cannot be sealed");
-		ck_assert_int_eq(mappings("kvt-imp-c"), 0);
+		ck_assert_int_eq(memfd_maps("kvt-imp-c"), 0);
 		/* ... unless allowed: imported, marked unsealed */
 		rq.fd = dup(m);
 		rq.allow_unsealed = true;
 		kvs_import *imp = acquire(&f, &rq, true);
 		ck_assert(imp->unsealed);
 		ck_assert_int_eq(fcntl(m, F_GET_SEALS) & F_SEAL_SHRINK, 0);
-		ck_assert_int_eq(mappings("kvt-imp-c"), 1);
+		ck_assert_int_eq(memfd_maps("kvt-imp-c"), 1);
 		kvs_import_release(f.t, imp);
-		ck_assert_int_eq(mappings("kvt-imp-c"), 0);
+		ck_assert_int_eq(memfd_maps("kvt-imp-c"), 0);
 		close(m);
 	}
 	/* a memfd the engine sealed itself (shrink, then seal): fine either way */
@@ -355,7 +345,7 @@ START_TEST(not_memfd)
 	int m = mkmemfd("kvt-imp-d", SZ, MFD_ALLOW_SEALING);
 	rq = mkreq(&d, KVS_DEV_HOST, 1, 2, SZ + 1, dup(m));
 	refused(&f, &rq, KVS_E_RANGE, "memfd holds 65536 bytes, 65537 declared");
-	ck_assert_int_eq(mappings("kvt-imp-d"), 0);
+	ck_assert_int_eq(memfd_maps("kvt-imp-d"), 0);
 	close(m);
 	ck_assert_int_eq(count_fds(), fds0);
 	fx_done(&f);
@@ -380,10 +370,56 @@ START_TEST(cuda_without_engine)
 	refused(&f, &rq, KVS_E_DEVICE, "no CUDA engine");
 	rq.fd = dup(m);
 	refused(&f, &rq, KVS_E_DEVICE, "no CUDA engine");
-	ck_assert_int_eq(mappings("kvt-imp-e"), 0);
+	ck_assert_int_eq(memfd_maps("kvt-imp-e"), 0);
 	ck_assert_int_eq(fcntl(m, F_GET_SEALS) & F_SEAL_SHRINK, 0); /* untouched */
 	close(m);
 	ck_assert_int_eq(count_fds(), fds0);
+	fx_done(&f);
+}
+END_TEST
+
+/* With a reclaim queue, the last release takes the import out of the table
+ * at once but unmaps and closes on the queue's thread (an unmap of memory
+ * the copies touched takes time in proportion to it): held there, the
+ * mapping and the fd stay; once it runs, both are gone, and a queue
+ * destroyed with releases still queued runs them first. */
+START_TEST(host_release_on_the_reclaim_thread)
+{
+	fx f;
+	fx_init(&f);
+	kvs_cq *cq;
+	kvs_workq *q;
+	ck_assert_int_eq(kvs_cq_create(&cq), 0);
+	ck_assert_int_eq(kvs_workq_create(cq, &q), 0);
+	kvs_imports_set_reclaimq(f.t, q);
+	int mfd = mkmemfd("kvt-imp-r", SZ, MFD_ALLOW_SEALING);
+	int fds0 = count_fds();
+	ids d;
+	for (int round = 0; round < 2; round++) {
+		int fd1 = dup(mfd);
+		kvs_import_req rq = mkreq(&d, KVS_DEV_HOST, 0x31, (uint8_t)(0x32 + round), SZ, fd1);
+		kvs_import *imp = acquire(&f, &rq, true);
+		imp->base[round] = 1; /* the copies touched it */
+		ck_assert_int_eq(memfd_maps("kvt-imp-r"), 1);
+		gate g;
+		gate_hold(&g, q);
+		kvs_import_release(f.t, imp);
+		ck_assert_uint_eq(kvs_imports_count(f.t), 0); /* out of the table now */
+		ck_assert_int_eq(memfd_maps("kvt-imp-r"), 1);  /* unmapped later, not here */
+		ck_assert(fd_open(fd1));
+		gate_open(&g);
+		if (round == 0) {
+			kvs_workq_drain(q);
+		} else { /* shutdown: the queue runs what is left */
+			kvs_workq_destroy(q);
+			q = NULL;
+		}
+		ck_assert_int_eq(memfd_maps("kvt-imp-r"), 0);
+		assert_closed(fd1);
+		ck_assert_int_eq(count_fds(), fds0);
+	}
+	kvs_cq_destroy(cq);
+	close(mfd);
 	fx_done(&f);
 }
 END_TEST
@@ -397,6 +433,7 @@ static Suite *import_suite(void)
 	tcase_add_test(tc, unsealable_memfd);
 	tcase_add_test(tc, not_memfd);
 	tcase_add_test(tc, cuda_without_engine);
+	tcase_add_test(tc, host_release_on_the_reclaim_thread);
 	suite_add_tcase(s, tc);
 	return s;
 }

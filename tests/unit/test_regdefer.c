@@ -93,7 +93,7 @@ START_TEST(session_gone_while_pending)
 	kvs__server_completions(f.srv);
 	ck_assert_uint_eq(kvs_registry_count(R), 0);
 	ck_assert_uint_eq(kvs_registry_imports(R), 0);
-	ck_assert_int_eq(fx_count_fds(), fds0); /* the claimed fd was closed */
+	ck_assert_int_eq(fx_settled_fds(&f), fds0); /* the claimed fd was closed */
 	close(fd);
 	fx_stop(&f);
 }
@@ -140,7 +140,7 @@ START_TEST(alias_of_failing_import)
 	ck_assert_uint_eq(kvs_registry_aliases(R), 0);
 	close(pfd[0]);
 	close(pfd[1]);
-	ck_assert_int_eq(fx_count_fds(), fds0 + 0);
+	ck_assert_int_eq(fx_settled_fds(&f), fds0 + 0);
 	/* a fresh register of that alloc_id imports anew */
 	int fd = fx_memfd(ASZ);
 	ck_assert_int_eq(reg_fd(&f, a, dup(fd), 3, 100), 0);

@@ -131,7 +131,7 @@ START_TEST(test_same_alloc_id_other_memory)
 	ck_assert_ptr_null(kvs_registry_of_session(R, b->id));
 	ck_assert_ptr_null(kvs_registry_of_session(R, b->id));
 	/* the claimed fd was closed, the token consumed */
-	ck_assert_int_eq(fx_count_fds(), fds0);
+	ck_assert_int_eq(fx_settled_fds(&f), fds0);
 	ck_assert_uint_eq(kvs_htab_count(f.srv->parked), 0);
 	/* same memory, other declared size: refused too */
 	fx_park(&f, 3, 100, ASZ / 2, dup(fd));
@@ -312,9 +312,17 @@ START_TEST(test_ranges)
 	const uint8_t *v = g->views[0].base;
 	ck_assert_mem_eq(v + ASZ / 2 - 4, "AAAA", 4); /* end of piece 0 */
 	ck_assert_mem_eq(v + ASZ / 2, "BBBB", 4);     /* start of piece 1, right after */
+	/* the server's mappings: each piece's import and the range's pieces */
+	ck_assert_int_eq(memfd_maps("kvs-ut"), 4);
 	kvs_msg un = {.op = KVS_OP_UNREGISTER, .id = 9, .registration = g->id};
+	gate gt; /* unmapped on the reclaim thread, not on the loop */
+	gate_hold(&gt, f.srv->reclaimq);
 	ck_assert_int_eq(kvs__op_unregister(f.srv, s, &un), 0);
 	ck_assert_uint_eq(kvs_registry_imports(f.srv->reg), 0);
+	ck_assert_int_eq(memfd_maps("kvs-ut"), 4);
+	gate_open(&gt);
+	kvs_workq_drain(f.srv->reclaimq);
+	ck_assert_int_eq(memfd_maps("kvs-ut"), 0);
 
 	/* refused, nothing kept: a first entry that follows; a layer naming an
 	 * entry inside a range; a view past the range's end; a piece of a host
@@ -371,14 +379,14 @@ START_TEST(test_tokens)
 	kvs_alloc_desc wrong_size = fx_alloc(3, 100, ASZ * 2);
 	ck_assert_int_eq(fx_register(&f, b, &wrong_size, 1, &G3, 1, L2X, 2), KVS_E_AUTH);
 	ck_assert_uint_eq(kvs_htab_count(f.srv->parked), 0);
-	ck_assert_int_eq(fx_count_fds(), fds0);
+	ck_assert_int_eq(fx_settled_fds(&f), fds0);
 	/* two allocations, the second token unknown: the first claim is undone
 	 * (its fd closed), nothing imported */
 	fx_park(&f, 4, 200, ASZ, fx_memfd(ASZ));
 	kvs_alloc_desc two[2] = {fx_alloc(4, 200, ASZ), fx_alloc(99, 201, ASZ)};
 	ck_assert_int_eq(fx_register(&f, b, two, 2, &G3, 1, L2X, 2), KVS_E_AUTH);
 	ck_assert_ptr_nonnull(strstr(ERRMSG(&f), "allocations[1]"));
-	ck_assert_int_eq(fx_count_fds(), fds0);
+	ck_assert_int_eq(fx_settled_fds(&f), fds0);
 	ck_assert_uint_eq(kvs_registry_imports(R), 1);
 	ck_assert_uint_eq(kvs_registry_count(R), 1);
 	/* a scheduler session cannot register */
@@ -438,7 +446,7 @@ START_TEST(test_not_memfd)
 	ck_assert_uint_eq(kvs_registry_count(R), 0);
 	ck_assert_uint_eq(kvs_registry_imports(R), 0);
 	ck_assert_uint_eq(kvs_htab_count(f.srv->parked), 0);
-	ck_assert_int_eq(fx_count_fds(), fds0); /* every claimed fd closed */
+	ck_assert_int_eq(fx_settled_fds(&f), fds0); /* every claimed fd closed */
 	fx_stop(&f);
 }
 END_TEST
@@ -515,14 +523,23 @@ START_TEST(test_unregister)
 	/* not b's */
 	ck_assert_int_eq(kvs__op_unregister(f.srv, b, &un), KVS_E_NOREG);
 	ck_assert_uint_eq(kvs_registry_count(R), 1);
-	/* no leases: released at once */
+	int maps0 = memfd_maps("kvs-ut"); /* ours and the server's */
+	ck_assert_int_ge(maps0, 2);
+	/* no leases: released at once, but unmapped and closed on the reclaim
+	 * thread, not on the loop (held here to see it) */
+	gate gt;
+	gate_hold(&gt, f.srv->reclaimq);
 	ck_assert_int_eq(kvs__op_unregister(f.srv, a, &un), 0);
 	ck_assert_uint_eq(kvs_registry_count(R), 0);
 	ck_assert_uint_eq(kvs_registry_imports(R), 0);
 	ck_assert_ptr_null(kvs_registry_of_session(R, a->id));
 	ck_assert_ptr_null(kvs_registry_of_session(R, a->id));
-	/* the server's fd and mapping are gone: only ours remain */
-	ck_assert_int_eq(fx_count_fds(), fds0 + 1);
+	ck_assert_int_eq(memfd_maps("kvs-ut"), maps0);
+	ck_assert_int_eq(fx_count_fds(), fds0 + 2);
+	gate_open(&gt);
+	/* the server's fd and mappings are gone: only ours remain */
+	ck_assert_int_eq(fx_settled_fds(&f), fds0 + 1);
+	ck_assert_int_eq(memfd_maps("kvs-ut"), 1);
 	/* twice: no such registration any more */
 	ck_assert_int_eq(kvs__op_unregister(f.srv, a, &un), KVS_E_NOREG);
 	/* the memory is ours alone again: writable, and may be registered anew */
@@ -628,7 +645,7 @@ START_TEST(test_refs_invariant)
 	ck_assert_int_eq(kvs__op_unregister(f.srv, b, &un), 0);
 	ck_assert_uint_eq(kvs_registry_imports(R), 0);
 	ck_assert_uint_eq(kvs_registry_count(R), 0);
-	ck_assert_int_eq(fx_count_fds(), fds0 + 1);
+	ck_assert_int_eq(fx_settled_fds(&f), fds0 + 1);
 	check_refs(&f);
 	close(fd);
 	fx_stop(&f);
