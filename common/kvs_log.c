@@ -2,7 +2,11 @@
 #include "kvs_log.h"
 
 #include <ctype.h>
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
 #include <stdarg.h>
+#include <stdlib.h>
 #include <stdint.h>
 #include <stdbool.h>
 #include <stdatomic.h>
@@ -13,6 +17,148 @@
 
 static atomic_int log_level = KVS_LOG_WARN;
 static atomic_int log_format = KVS_LOG_TEXT;
+
+/* The asynchronous sink (kvs_log_async_start): lines go into a ring of
+ * LOGQ_BYTES and one thread writes them to stderr, so that a reader of
+ * stderr that stalls (a pipe nobody drains, a container's log driver under
+ * pressure) never blocks the thread that logs; a line that finds the ring
+ * full is dropped and counted.
+ * Invariant (under mu): 0 <= len <= LOGQ_BYTES; the bytes queued are
+ * buf[head .. head+len) modulo LOGQ_BYTES, whole lines in the order their
+ * writers took mu; dropped counts the lines refused since the writer last
+ * reported them. */
+#define LOGQ_BYTES (1u << 20)
+#define LOGQ_CHUNK (64u << 10)
+static struct {
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	char *buf;
+	size_t head, len;
+	uint64_t dropped;
+	bool stop;
+	pthread_t thr;
+} lq = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+static atomic_bool lq_on;
+static _Atomic uint64_t lq_dropped_total;
+
+/* Writes all of b to stderr, waiting while it is full; gives up on an error
+ * (a closed reader: the lines are lost either way). */
+static void write_all(const char *b, size_t n)
+{
+	while (n) {
+		ssize_t w = write(STDERR_FILENO, b, n);
+		if (w > 0) {
+			b += w;
+			n -= (size_t)w;
+		} else if (w < 0 && errno == EAGAIN) { /* someone made stderr non-blocking */
+			struct pollfd p = {.fd = STDERR_FILENO, .events = POLLOUT};
+			poll(&p, 1, 1000);
+		} else if (!(w < 0 && errno == EINTR)) {
+			return;
+		}
+	}
+}
+
+static void *logq_main(void *arg)
+{
+	(void)arg;
+	static char out[LOGQ_CHUNK];
+	pthread_mutex_lock(&lq.mu);
+	for (;;) {
+		while (!lq.len && !lq.dropped && !lq.stop)
+			pthread_cond_wait(&lq.cv, &lq.mu);
+		if (!lq.len && !lq.dropped)
+			break; /* stopping, and everything written */
+		size_t n = lq.len < LOGQ_CHUNK ? lq.len : LOGQ_CHUNK;
+		size_t first = LOGQ_BYTES - lq.head < n ? LOGQ_BYTES - lq.head : n;
+		memcpy(out, lq.buf + lq.head, first);
+		memcpy(out + first, lq.buf, n - first);
+		lq.head = (lq.head + n) % LOGQ_BYTES;
+		lq.len -= n;
+		uint64_t dropped = lq.dropped;
+		lq.dropped = 0;
+		pthread_mutex_unlock(&lq.mu);
+		write_all(out, n);
+		if (dropped) {
+			char note[160];
+			int k = snprintf(note, sizeof(note),
+					 "kvside: %llu log lines dropped: stderr's reader fell %u KiB behind\n",
+					 (unsigned long long)dropped, LOGQ_BYTES >> 10);
+			write_all(note, (size_t)k);
+		}
+		pthread_mutex_lock(&lq.mu);
+	}
+	pthread_mutex_unlock(&lq.mu);
+	return NULL;
+}
+
+/* Queues a line: true if the sink took it (or dropped it), false when the
+ * sink is off and the caller writes it itself. */
+static bool logq_put(const char *line, size_t n)
+{
+	if (!atomic_load_explicit(&lq_on, memory_order_acquire))
+		return false;
+	pthread_mutex_lock(&lq.mu);
+	if (n > LOGQ_BYTES - lq.len) {
+		lq.dropped++;
+		atomic_fetch_add_explicit(&lq_dropped_total, 1, memory_order_relaxed);
+	} else {
+		size_t tail = (lq.head + lq.len) % LOGQ_BYTES;
+		size_t first = LOGQ_BYTES - tail < n ? LOGQ_BYTES - tail : n;
+		memcpy(lq.buf + tail, line, first);
+		memcpy(lq.buf, line + first, n - first);
+		lq.len += n;
+	}
+	pthread_cond_signal(&lq.cv);
+	pthread_mutex_unlock(&lq.mu);
+	return true;
+}
+
+int kvs_log_async_start(void)
+{
+	if (atomic_load(&lq_on))
+		return 0;
+	lq.buf = malloc(LOGQ_BYTES);
+	if (!lq.buf)
+		return -ENOMEM;
+	lq.head = lq.len = 0;
+	lq.dropped = 0;
+	lq.stop = false;
+	int r = pthread_create(&lq.thr, NULL, logq_main, NULL);
+	if (r) {
+		free(lq.buf);
+		lq.buf = NULL;
+		return -r;
+	}
+	atomic_store_explicit(&lq_on, true, memory_order_release);
+	return 0;
+}
+
+bool kvs_log_async_stop(int wait_ms)
+{
+	if (!atomic_load(&lq_on))
+		return true;
+	pthread_mutex_lock(&lq.mu);
+	lq.stop = true;
+	pthread_cond_signal(&lq.cv);
+	pthread_mutex_unlock(&lq.mu);
+	struct timespec until;
+	clock_gettime(CLOCK_REALTIME, &until);
+	until.tv_sec += wait_ms / 1000;
+	until.tv_nsec += (long)(wait_ms % 1000) * 1000000L;
+	if (until.tv_nsec >= 1000000000L) {
+		until.tv_sec++;
+		until.tv_nsec -= 1000000000L;
+	}
+	if (pthread_timedjoin_np(lq.thr, NULL, &until) != 0)
+		return false; /* stderr's reader is stuck: the rest stays unwritten (and the ring allocated) */
+	atomic_store(&lq_on, false);
+	free(lq.buf);
+	lq.buf = NULL;
+	return true;
+}
+
+uint64_t kvs_log_dropped(void) { return atomic_load_explicit(&lq_dropped_total, memory_order_relaxed); }
 
 void kvs_log_set_format(int format) { atomic_store(&log_format, format); }
 int kvs_log_format_parse(const char *s)
@@ -114,8 +260,10 @@ void kvs_log_write(int level, const char *comp, const char *fmt, ...)
 	if (len > sizeof(line) - 2)
 		len = sizeof(line) - 2;
 	line[len++] = '\n';
-	ssize_t w = write(STDERR_FILENO, line, len);
-	(void)w;
+	if (!logq_put(line, len)) {
+		ssize_t w = write(STDERR_FILENO, line, len);
+		(void)w;
+	}
 }
 
 bool kvs_ratelimit_pass(kvs_ratelimit *rl, uint64_t *ret_suppressed)

@@ -1,7 +1,8 @@
 /* Logging: one line per event to stderr, with the UTC date and time (ISO
  * 8601, milliseconds), level and component; or, in the JSON format, one
  * object per line: time, level, module, message, and the session and job ids
- * the message names. Thread-safe (one write(2) per line). */
+ * the message names. Thread-safe (one write(2) per line, or one queued line
+ * with the asynchronous sink). */
 #ifndef KVS_LOG_H
 #define KVS_LOG_H
 
@@ -22,6 +23,20 @@ int kvs_log_get_level(void);
 int kvs_log_level_parse(const char *s);
 void kvs_log_write(int level, const char *comp, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
+
+/* The asynchronous sink (the server's): from the call on, lines go into a
+ * 1 MiB ring that one thread writes to stderr, so a stalled reader of
+ * stderr never blocks a thread that logs; a line that finds the ring full
+ * is dropped, counted (kvs_log_dropped) and reported in a line once the
+ * reader catches up. 0, or -errno (the sink stays synchronous). Call once,
+ * before other threads log. */
+int kvs_log_async_start(void);
+/* Writes what is queued and stops the thread, waiting at most wait_ms for a
+ * stalled reader; false if it gave up (the queued lines are lost). Later
+ * lines are written directly again. */
+bool kvs_log_async_stop(int wait_ms);
+/* Lines the asynchronous sink dropped since the process started. */
+uint64_t kvs_log_dropped(void);
 
 #define kvs_log(level, ...)                                                  \
 	do {                                                                 \

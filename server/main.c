@@ -44,6 +44,10 @@ static void usage(FILE *f, const kvs_server_config *d)
 		"  --version                show the version\n");
 }
 
+/* At exit: the queued log lines are written (at most 2 s for a stalled
+ * reader of stderr). */
+static void log_flush(void) { kvs_log_async_stop(2000); }
+
 int main(int argc, char **argv)
 {
 	kvs_server_config cfg;
@@ -132,6 +136,13 @@ int main(int argc, char **argv)
 	/* blocked before any thread starts, so only the signalfd sees them */
 	pthread_sigmask(SIG_BLOCK, &set, NULL);
 	signal(SIGPIPE, SIG_IGN);
+	/* no thread of the server waits on stderr's reader (architecture.md,
+	 * table of decisions); started with the signals blocked, like every
+	 * thread, so only the signalfd sees them */
+	if (kvs_log_async_start() != 0)
+		kvs_warn("cannot start the log thread: logging writes to stderr directly");
+	else
+		atexit(log_flush); /* every exit from here on writes what is queued */
 	int sfd = signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
 	if (sfd < 0) {
 		perror("signalfd");

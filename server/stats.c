@@ -170,6 +170,7 @@ uint32_t kvs__stats_collect(kvs_server *srv, kvs_counter *c, char (*names)[32])
 	C("lane_writes", lst.writes);
 	C("lane_late_flushes", lst.late);
 	C("auth_refused", kvs_auth_refused(srv->auth));
+	C("log_lines_dropped", kvs_log_dropped());
 	C("metrics_port", srv->metrics_port);
 	kvs_cuda_stats cs = {0};
 	if (srv->cuda)

@@ -1,0 +1,117 @@
+#!/usr/bin/python3
+"""A reader of the server's stderr that stops reading (a pipe nobody drains,
+a container's log driver under pressure) never stops the server: its
+threads queue log lines for a log thread, and lines that find the 1 MiB
+queue full are dropped and counted (`log_lines_dropped`, protocol §15).
+Before, the loop blocked in write(2) once the pipe's 64 KiB were full and
+answered nothing more (at debug level, after ~230 sessions).
+
+Real server with stdout and stderr on a pipe this test does not read at
+first; real sessions through libkvside. Environment as
+tests/python/test_binding.py."""
+
+import os
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+import unittest
+
+import kvside
+
+
+def start(run, wfd):
+    p = subprocess.Popen([os.environ["KVS_SERVER"], "--broker-dir", run, "--l1-size", "64M",
+                          "--metrics-listen", "off", "--log-level", "debug", "--no-prefault"],
+                         stdout=wfd, stderr=wfd)
+    deadline = time.time() + 20
+    while not os.path.exists(os.path.join(run, "kvside.zmq")):
+        if p.poll() is not None or time.time() > deadline:
+            raise RuntimeError("kvside-server did not start (%s)" % p.poll())
+        time.sleep(0.05)
+    return p
+
+
+def sessions(run, n):
+    """n sessions opened, asked for stats and closed, one after the other:
+    each logs a few debug lines (hello, session closed)."""
+    for i in range(n):
+        with kvside.Client("e%d" % i, "ns", role="scheduler", broker_dir=run, timeout_ms=3000) as c:
+            c.stats()
+
+
+def stat(run, name):
+    with kvside.Client("probe", "ns", role="scheduler", broker_dir=run, timeout_ms=3000) as c:
+        return c.stats()[name]
+
+
+class StalledLogTest(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="kvt-log-")
+        self.run = os.path.join(self.tmp, "run")
+        self.r, w = os.pipe()
+        self.proc = start(self.run, w)
+        os.close(w)
+
+    def tearDown(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        os.close(self.r)
+
+    def test_served_while_the_reader_stalls_then_told_what_was_lost(self):
+        # far more than the pipe's 64 KiB and the 1 MiB queue (~280 bytes
+        # of debug lines per session): every session must still be served
+        sessions(self.run, 6000)
+        self.assertEqual(stat(self.run, "sessions"), 1)
+        dropped = stat(self.run, "log_lines_dropped")
+        self.assertGreater(dropped, 0)
+        # the reader catches up: what was queued arrives, then the note of
+        # what was dropped, and new lines flow again
+        got = bytearray()
+        done = threading.Event()
+
+        def drain():
+            while True:
+                b = os.read(self.r, 1 << 16)
+                if not b:
+                    break
+                got.extend(b)
+            done.set()
+
+        t = threading.Thread(target=drain, daemon=True)
+        t.start()
+        deadline = time.time() + 20
+        while b"log lines dropped" not in got and time.time() < deadline:
+            time.sleep(0.05)
+        self.assertIn(b"log lines dropped: stderr's reader fell 1024 KiB behind", bytes(got))
+        # once the queue is written out, nothing is lost any more
+        n = -1
+        while n != len(got) and time.time() < deadline:
+            n = len(got)
+            time.sleep(0.3)
+        dropped = stat(self.run, "log_lines_dropped")
+        sessions(self.run, 3)
+        self.assertEqual(stat(self.run, "log_lines_dropped"), dropped)
+        self.proc.send_signal(signal.SIGTERM)
+        self.assertEqual(self.proc.wait(20), 0)
+        self.assertTrue(done.wait(10))
+        # the last line before exit was written, not left in the queue
+        self.assertTrue(bytes(got).rstrip().endswith(b"stopped"), bytes(got)[-300:])
+
+    def test_stops_while_the_reader_stalls(self):
+        # more than the pipe holds, less than the queue: the log thread
+        # waits in write(2) with lines queued behind it
+        sessions(self.run, 1000)
+        self.assertEqual(stat(self.run, "log_lines_dropped"), 0)
+        t0 = time.time()
+        self.proc.send_signal(signal.SIGTERM)
+        # the log thread is given 2 s to write what is queued, then the
+        # server exits anyway
+        self.assertEqual(self.proc.wait(30), 0)
+        self.assertLess(time.time() - t0, 30)
+
+
+if __name__ == "__main__":
+    unittest.main()
