@@ -18,147 +18,6 @@
 static atomic_int log_level = KVS_LOG_WARN;
 static atomic_int log_format = KVS_LOG_TEXT;
 
-/* The asynchronous sink (kvs_log_async_start): lines go into a ring of
- * LOGQ_BYTES and one thread writes them to stderr, so that a reader of
- * stderr that stalls (a pipe nobody drains, a container's log driver under
- * pressure) never blocks the thread that logs; a line that finds the ring
- * full is dropped and counted.
- * Invariant (under mu): 0 <= len <= LOGQ_BYTES; the bytes queued are
- * buf[head .. head+len) modulo LOGQ_BYTES, whole lines in the order their
- * writers took mu; dropped counts the lines refused since the writer last
- * reported them. */
-#define LOGQ_BYTES (1u << 20)
-#define LOGQ_CHUNK (64u << 10)
-static struct {
-	pthread_mutex_t mu;
-	pthread_cond_t cv;
-	char *buf;
-	size_t head, len;
-	uint64_t dropped;
-	bool stop;
-	pthread_t thr;
-} lq = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
-static atomic_bool lq_on;
-static _Atomic uint64_t lq_dropped_total;
-
-/* Writes all of b to stderr, waiting while it is full; gives up on an error
- * (a closed reader: the lines are lost either way). */
-static void write_all(const char *b, size_t n)
-{
-	while (n) {
-		ssize_t w = write(STDERR_FILENO, b, n);
-		if (w > 0) {
-			b += w;
-			n -= (size_t)w;
-		} else if (w < 0 && errno == EAGAIN) { /* someone made stderr non-blocking */
-			struct pollfd p = {.fd = STDERR_FILENO, .events = POLLOUT};
-			poll(&p, 1, 1000);
-		} else if (!(w < 0 && errno == EINTR)) {
-			return;
-		}
-	}
-}
-
-static void *logq_main(void *arg)
-{
-	(void)arg;
-	static char out[LOGQ_CHUNK];
-	pthread_mutex_lock(&lq.mu);
-	for (;;) {
-		while (!lq.len && !lq.dropped && !lq.stop)
-			pthread_cond_wait(&lq.cv, &lq.mu);
-		if (!lq.len && !lq.dropped)
-			break; /* stopping, and everything written */
-		size_t n = lq.len < LOGQ_CHUNK ? lq.len : LOGQ_CHUNK;
-		size_t first = LOGQ_BYTES - lq.head < n ? LOGQ_BYTES - lq.head : n;
-		memcpy(out, lq.buf + lq.head, first);
-		memcpy(out + first, lq.buf, n - first);
-		lq.head = (lq.head + n) % LOGQ_BYTES;
-		lq.len -= n;
-		uint64_t dropped = lq.dropped;
-		lq.dropped = 0;
-		pthread_mutex_unlock(&lq.mu);
-		write_all(out, n);
-		if (dropped) {
-			char note[160];
-			int k = snprintf(note, sizeof(note),
-					 "kvside: %llu log lines dropped: stderr's reader fell %u KiB behind\n",
-					 (unsigned long long)dropped, LOGQ_BYTES >> 10);
-			write_all(note, (size_t)k);
-		}
-		pthread_mutex_lock(&lq.mu);
-	}
-	pthread_mutex_unlock(&lq.mu);
-	return NULL;
-}
-
-/* Queues a line: true if the sink took it (or dropped it), false when the
- * sink is off and the caller writes it itself. */
-static bool logq_put(const char *line, size_t n)
-{
-	if (!atomic_load_explicit(&lq_on, memory_order_acquire))
-		return false;
-	pthread_mutex_lock(&lq.mu);
-	if (n > LOGQ_BYTES - lq.len) {
-		lq.dropped++;
-		atomic_fetch_add_explicit(&lq_dropped_total, 1, memory_order_relaxed);
-	} else {
-		size_t tail = (lq.head + lq.len) % LOGQ_BYTES;
-		size_t first = LOGQ_BYTES - tail < n ? LOGQ_BYTES - tail : n;
-		memcpy(lq.buf + tail, line, first);
-		memcpy(lq.buf, line + first, n - first);
-		lq.len += n;
-	}
-	pthread_cond_signal(&lq.cv);
-	pthread_mutex_unlock(&lq.mu);
-	return true;
-}
-
-int kvs_log_async_start(void)
-{
-	if (atomic_load(&lq_on))
-		return 0;
-	lq.buf = malloc(LOGQ_BYTES);
-	if (!lq.buf)
-		return -ENOMEM;
-	lq.head = lq.len = 0;
-	lq.dropped = 0;
-	lq.stop = false;
-	int r = pthread_create(&lq.thr, NULL, logq_main, NULL);
-	if (r) {
-		free(lq.buf);
-		lq.buf = NULL;
-		return -r;
-	}
-	atomic_store_explicit(&lq_on, true, memory_order_release);
-	return 0;
-}
-
-bool kvs_log_async_stop(int wait_ms)
-{
-	if (!atomic_load(&lq_on))
-		return true;
-	pthread_mutex_lock(&lq.mu);
-	lq.stop = true;
-	pthread_cond_signal(&lq.cv);
-	pthread_mutex_unlock(&lq.mu);
-	struct timespec until;
-	clock_gettime(CLOCK_REALTIME, &until);
-	until.tv_sec += wait_ms / 1000;
-	until.tv_nsec += (long)(wait_ms % 1000) * 1000000L;
-	if (until.tv_nsec >= 1000000000L) {
-		until.tv_sec++;
-		until.tv_nsec -= 1000000000L;
-	}
-	if (pthread_timedjoin_np(lq.thr, NULL, &until) != 0)
-		return false; /* stderr's reader is stuck: the rest stays unwritten (and the ring allocated) */
-	atomic_store(&lq_on, false);
-	free(lq.buf);
-	lq.buf = NULL;
-	return true;
-}
-
-uint64_t kvs_log_dropped(void) { return atomic_load_explicit(&lq_dropped_total, memory_order_relaxed); }
 
 void kvs_log_set_format(int format) { atomic_store(&log_format, format); }
 int kvs_log_format_parse(const char *s)
@@ -222,11 +81,16 @@ static bool find_id(const char *msg, const char *word, bool hex, char *out, size
 	return false;
 }
 
-void kvs_log_write(int level, const char *comp, const char *fmt, ...)
+#define LINE_MAX_BYTES 2048
+
+/* One log line of msg in the current format, newline included, into line
+ * (LINE_MAX_BYTES); returns its length. */
+static size_t format_line(int level, const char *comp, const char *msg, char *line)
 {
 	static const char lv[] = "EWID";
 	static const char *names[] = {"error", "warn", "info", "debug"};
-	char msg[900], line[2048], when[48];
+	const size_t cap = LINE_MAX_BYTES;
+	char when[48];
 	struct timespec ts;
 	struct tm tm;
 	clock_gettime(CLOCK_REALTIME, &ts);
@@ -235,31 +99,204 @@ void kvs_log_write(int level, const char *comp, const char *fmt, ...)
 	snprintf(when, sizeof(when), "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", (tm.tm_year + 1900) % 10000,
 		 (tm.tm_mon + 1) % 100, tm.tm_mday % 100, tm.tm_hour % 100, tm.tm_min % 100, tm.tm_sec % 100,
 		 (int)(ts.tv_nsec / 1000000) % 1000);
+	size_t len;
+	if (atomic_load_explicit(&log_format, memory_order_relaxed) == KVS_LOG_JSON) {
+		len = (size_t)snprintf(line, cap, "{\"time\":\"%s\",\"level\":\"%s\",\"module\":\"", when,
+				       names[level & 3]);
+		len += json_escape(line + len, 64, comp);
+		len += (size_t)snprintf(line + len, cap - len, "\",\"message\":\"");
+		len += json_escape(line + len, cap - len - 96, msg);
+		char id[32];
+		if (find_id(msg, "session ", true, id, sizeof(id)))
+			len += (size_t)snprintf(line + len, cap - len, "\",\"session\":\"%s", id);
+		if (find_id(msg, "job ", false, id, sizeof(id)))
+			len += (size_t)snprintf(line + len, cap - len, "\",\"job\":\"%s", id);
+		len += (size_t)snprintf(line + len, cap - len, "\"}");
+	} else {
+		len = (size_t)snprintf(line, cap, "%s %c %s: %s", when, lv[level & 3], comp, msg);
+	}
+	if (len > cap - 2)
+		len = cap - 2;
+	line[len++] = '\n';
+	return len;
+}
+
+/* ---- the asynchronous sink (kvs_log_async_start) ------------------------------
+ * Lines go into a ring and one thread writes them to stderr, so that a
+ * reader of stderr that stalls (a pipe nobody drains, a container's log
+ * driver under pressure) never blocks the thread that logs; a line that
+ * finds the ring full is dropped and counted.
+ * Invariant (under mu): 0 <= len <= size; the bytes queued are
+ * buf[head .. head+len) modulo size, whole lines in the order their writers
+ * took mu; dropped counts the lines refused since the thread last reported
+ * them; on is true from start until stop took the thread's last lines (or
+ * gave up on them), and a writer that finds it false writes its line
+ * itself. buf is freed only once the thread is joined. */
+#define LOGQ_CHUNK (64u << 10)
+static struct {
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	char *buf, *out; /* the ring (size bytes), the thread's chunk (LOGQ_CHUNK) */
+	size_t size, head, len;
+	uint64_t dropped;
+	bool on, stop;
+	pthread_t thr;
+} lq = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+static atomic_bool lq_started; /* a hint for the common case, the client library's: no sink */
+static _Atomic uint64_t lq_dropped_total;
+
+/* Writes all of b to stderr, waiting while it is full; gives up on an error
+ * (a closed reader: the lines are lost either way). */
+static void write_all(const char *b, size_t n)
+{
+	while (n) {
+		ssize_t w = write(STDERR_FILENO, b, n);
+		if (w > 0) {
+			b += w;
+			n -= (size_t)w;
+		} else if (w < 0 && errno == EAGAIN) { /* someone made stderr non-blocking */
+			struct pollfd p = {.fd = STDERR_FILENO, .events = POLLOUT};
+			poll(&p, 1, 1000);
+		} else if (!(w < 0 && errno == EINTR)) {
+			return;
+		}
+	}
+}
+
+static void *logq_main(void *arg)
+{
+	(void)arg;
+	pthread_mutex_lock(&lq.mu);
+	for (;;) {
+		while (!lq.len && !lq.dropped && !lq.stop)
+			pthread_cond_wait(&lq.cv, &lq.mu);
+		if (!lq.len && !lq.dropped)
+			break; /* stopping, and everything written */
+		size_t n = lq.len < LOGQ_CHUNK ? lq.len : LOGQ_CHUNK;
+		size_t first = lq.size - lq.head < n ? lq.size - lq.head : n;
+		memcpy(lq.out, lq.buf + lq.head, first);
+		memcpy(lq.out + first, lq.buf, n - first);
+		lq.head = (lq.head + n) % lq.size;
+		lq.len -= n;
+		uint64_t dropped = lq.dropped;
+		lq.dropped = 0;
+		pthread_mutex_unlock(&lq.mu);
+		write_all(lq.out, n);
+		if (dropped) { /* in the log's own format, after the lines that were kept */
+			char msg[160], line[LINE_MAX_BYTES];
+			snprintf(msg, sizeof(msg), "%llu log lines dropped: stderr's reader fell %zu KiB behind",
+				 (unsigned long long)dropped, lq.size >> 10);
+			write_all(line, format_line(KVS_LOG_WARN, "log", msg, line));
+		}
+		pthread_mutex_lock(&lq.mu);
+	}
+	pthread_mutex_unlock(&lq.mu);
+	return NULL;
+}
+
+/* Queues a line: true if the sink took it (or dropped it), false when the
+ * sink is off and the caller writes it itself. */
+static bool logq_put(const char *line, size_t n)
+{
+	if (!atomic_load_explicit(&lq_started, memory_order_relaxed))
+		return false;
+	pthread_mutex_lock(&lq.mu);
+	if (!lq.on) {
+		pthread_mutex_unlock(&lq.mu);
+		return false;
+	}
+	if (n > lq.size - lq.len) {
+		lq.dropped++;
+		atomic_fetch_add_explicit(&lq_dropped_total, 1, memory_order_relaxed);
+	} else {
+		size_t tail = (lq.head + lq.len) % lq.size;
+		size_t first = lq.size - tail < n ? lq.size - tail : n;
+		memcpy(lq.buf + tail, line, first);
+		memcpy(lq.buf, line + first, n - first);
+		lq.len += n;
+	}
+	pthread_cond_signal(&lq.cv);
+	pthread_mutex_unlock(&lq.mu);
+	return true;
+}
+
+int kvs_log_async_start(size_t bytes)
+{
+	if (bytes < 2 * LINE_MAX_BYTES)
+		bytes = 2 * LINE_MAX_BYTES;
+	pthread_mutex_lock(&lq.mu);
+	if (lq.on || lq.buf) { /* running, or a stop that gave up still owns it */
+		pthread_mutex_unlock(&lq.mu);
+		return -EALREADY;
+	}
+	int r = 0;
+	if (!(lq.buf = malloc(bytes + LOGQ_CHUNK))) {
+		r = -ENOMEM;
+		goto out;
+	}
+	lq.out = lq.buf + bytes;
+	lq.size = bytes;
+	lq.head = lq.len = 0;
+	lq.dropped = 0;
+	lq.stop = false;
+	if ((r = -pthread_create(&lq.thr, NULL, logq_main, NULL)) != 0) {
+		free(lq.buf);
+		lq.buf = NULL;
+		goto out;
+	}
+	lq.on = true;
+	atomic_store(&lq_started, true);
+out:
+	pthread_mutex_unlock(&lq.mu);
+	return r;
+}
+
+bool kvs_log_async_stop(int wait_ms)
+{
+	pthread_mutex_lock(&lq.mu);
+	if (!lq.on || lq.stop) {
+		pthread_mutex_unlock(&lq.mu);
+		return true;
+	}
+	lq.stop = true;
+	pthread_cond_signal(&lq.cv);
+	pthread_mutex_unlock(&lq.mu);
+	struct timespec until;
+	clock_gettime(CLOCK_MONOTONIC, &until);
+	until.tv_sec += wait_ms / 1000;
+	until.tv_nsec += (long)(wait_ms % 1000) * 1000000L;
+	if (until.tv_nsec >= 1000000000L) {
+		until.tv_sec++;
+		until.tv_nsec -= 1000000000L;
+	}
+	bool joined = pthread_clockjoin_np(lq.thr, NULL, CLOCK_MONOTONIC, &until) == 0;
+	pthread_mutex_lock(&lq.mu);
+	lq.on = false; /* later lines are written directly */
+	if (joined) {
+		free(lq.buf);
+		lq.buf = lq.out = NULL;
+	} else { /* the thread is stuck in write(2): it keeps the ring; the lines still in it are lost */
+		uint64_t lost = 0;
+		for (size_t i = 0; i < lq.len; i++)
+			lost += lq.buf[(lq.head + i) % lq.size] == '\n';
+		atomic_fetch_add(&lq_dropped_total, lost);
+	}
+	pthread_mutex_unlock(&lq.mu);
+	return joined;
+}
+
+uint64_t kvs_log_dropped(void) { return atomic_load_explicit(&lq_dropped_total, memory_order_relaxed); }
+
+void kvs_log_write(int level, const char *comp, const char *fmt, ...)
+{
+	char msg[900], line[LINE_MAX_BYTES];
 	va_list ap;
 	va_start(ap, fmt);
 	int m = vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
 	if (m < 0)
 		msg[0] = 0;
-	size_t len;
-	if (atomic_load_explicit(&log_format, memory_order_relaxed) == KVS_LOG_JSON) {
-		len = (size_t)snprintf(line, sizeof(line), "{\"time\":\"%s\",\"level\":\"%s\",\"module\":\"", when,
-				       names[level & 3]);
-		len += json_escape(line + len, 64, comp);
-		len += (size_t)snprintf(line + len, sizeof(line) - len, "\",\"message\":\"");
-		len += json_escape(line + len, sizeof(line) - len - 96, msg);
-		char id[32];
-		if (find_id(msg, "session ", true, id, sizeof(id)))
-			len += (size_t)snprintf(line + len, sizeof(line) - len, "\",\"session\":\"%s", id);
-		if (find_id(msg, "job ", false, id, sizeof(id)))
-			len += (size_t)snprintf(line + len, sizeof(line) - len, "\",\"job\":\"%s", id);
-		len += (size_t)snprintf(line + len, sizeof(line) - len, "\"}");
-	} else {
-		len = (size_t)snprintf(line, sizeof(line), "%s %c %s: %s", when, lv[level & 3], comp, msg);
-	}
-	if (len > sizeof(line) - 2)
-		len = sizeof(line) - 2;
-	line[len++] = '\n';
+	size_t len = format_line(level, comp, msg, line);
 	if (!logq_put(line, len)) {
 		ssize_t w = write(STDERR_FILENO, line, len);
 		(void)w;

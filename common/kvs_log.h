@@ -8,6 +8,7 @@
 
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 enum kvs_log_level { KVS_LOG_ERROR, KVS_LOG_WARN, KVS_LOG_INFO, KVS_LOG_DEBUG };
@@ -25,15 +26,17 @@ void kvs_log_write(int level, const char *comp, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
 
 /* The asynchronous sink (the server's): from the call on, lines go into a
- * 1 MiB ring that one thread writes to stderr, so a stalled reader of
- * stderr never blocks a thread that logs; a line that finds the ring full
- * is dropped, counted (kvs_log_dropped) and reported in a line once the
- * reader catches up. 0, or -errno (the sink stays synchronous). Call once,
- * before other threads log. */
-int kvs_log_async_start(void);
+ * ring of `bytes` (at least two lines' worth) that one thread writes to
+ * stderr, so a stalled reader of stderr never blocks a thread that logs; a
+ * line that finds the ring full is dropped, counted (kvs_log_dropped) and
+ * reported, in the log's format, once the reader catches up. 0, or -errno
+ * (the sink stays synchronous). Start it with the signals the process
+ * handles blocked: the thread inherits the mask. */
+int kvs_log_async_start(size_t bytes);
+#define KVS_LOG_QUEUE_BYTES (1u << 20) /* the server's */
 /* Writes what is queued and stops the thread, waiting at most wait_ms for a
- * stalled reader; false if it gave up (the queued lines are lost). Later
- * lines are written directly again. */
+ * stalled reader; false if it gave up (the lines still queued are lost and
+ * counted). Lines logged from then on are written directly. */
 bool kvs_log_async_stop(int wait_ms);
 /* Lines the asynchronous sink dropped since the process started. */
 uint64_t kvs_log_dropped(void);

@@ -139,7 +139,8 @@ int main(int argc, char **argv)
 	/* no thread of the server waits on stderr's reader (architecture.md,
 	 * table of decisions); started with the signals blocked, like every
 	 * thread, so only the signalfd sees them */
-	if (kvs_log_async_start() != 0)
+	const char *lqb = getenv("KVS_TEST_LOG_QUEUE_BYTES"); /* tests: a small queue fills sooner */
+	if (kvs_log_async_start(lqb ? strtoull(lqb, NULL, 10) : KVS_LOG_QUEUE_BYTES) != 0)
 		kvs_warn("cannot start the log thread: logging writes to stderr directly");
 	else
 		atexit(log_flush); /* every exit from here on writes what is queued */

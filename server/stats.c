@@ -4,6 +4,7 @@
 #include <stdio.h>
 
 #include "kvs_log.h"
+#include "kvs_workq.h"
 #include "lane.h"
 
 #include "auth.h"
@@ -82,6 +83,7 @@ uint32_t kvs__stats_collect(kvs_server *srv, kvs_counter *c, char (*names)[32])
 	C("requests", srv->st.requests);
 	C("registrations", kvs_registry_count(srv->reg));
 	C("imports", kvs_registry_imports(srv->reg));
+	C("reclaim_pending", kvs_workq_pending(srv->reclaimq));
 	C("aliases", kvs_registry_aliases(srv->reg));
 	C("retained_blocks", kvs_jobs_retained(srv->jobs));
 	C("jobs_open", kvs_jobs_open(srv->jobs));

@@ -413,6 +413,7 @@ START_TEST(host_release_on_the_reclaim_thread)
 		} else { /* shutdown: the queue runs what is left */
 			kvs_workq_destroy(q);
 			q = NULL;
+			kvs_imports_set_reclaimq(f.t, NULL);
 		}
 		ck_assert_int_eq(memfd_maps("kvt-imp-r"), 0);
 		assert_closed(fd1);
