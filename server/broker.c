@@ -18,6 +18,7 @@
 
 #define KVS_LOG_COMPONENT "broker"
 #include "kvs_fdpass.h"
+#include "import.h"
 #include "kvs_log.h"
 #include "server.h"
 
@@ -107,9 +108,12 @@ static void conn_remove(kvs_server *srv, int idx)
 	srv->conns[idx] = srv->conns[--srv->n_conns];
 }
 
-static void parked_free(kvs_parked *p)
+/* The fd may be a memfd's last reference (its engine died before it
+ * registered): closed on the reclaim thread, which frees such memory off
+ * the loop (inline once the queue is gone, at shutdown). */
+static void parked_free(kvs_server *srv, kvs_parked *p)
 {
-	close(p->fd);
+	kvs_host_release(srv->reclaimq, NULL, 0, p->fd);
 	free(p);
 }
 
@@ -122,7 +126,7 @@ void kvs__broker_close(kvs_server *srv)
 		kvs_parked *p;
 		while ((p = kvs_htab_next(srv->parked, &pos)) != NULL) {
 			kvs_htab_iter_del(srv->parked, &pos);
-			parked_free(p);
+			parked_free(srv, p);
 		}
 	}
 	kvs_htab_destroy(srv->consumed);
@@ -297,7 +301,7 @@ void kvs__broker_expire(kvs_server *srv)
 		kvs_htab_iter_del(srv->parked, &pos);
 		srv->st.broker_expired++;
 		kvs_info("closing unclaimed fd after %llu ms", (unsigned long long)srv->cfg.fd_park_ms);
-		parked_free(p);
+		parked_free(srv, p);
 	}
 }
 

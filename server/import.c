@@ -103,29 +103,33 @@ typedef struct host_release_item {
 	int fd;
 } host_release_item;
 
+static void host_release_now(void *base, uint64_t size, int fd)
+{
+	if (base)
+		munmap(base, size);
+	if (fd >= 0)
+		close(fd);
+}
+
 static void host_release_work(kvs_workq_item *it)
 {
 	host_release_item *h = (host_release_item *)it;
-	munmap(h->base, h->size);
-	close(h->fd);
+	host_release_now(h->base, h->size, h->fd);
 	free(h);
 }
 
-/* Unmapping memory the copies touched, and closing the memfd that may hold
- * its last reference, take time in proportion to the bytes (a 4 GiB memfd:
- * ~150 ms to unmap after reads, ~600 ms more to free it at the last close),
- * so they run on the reclaim thread when there is one, never on the loop. */
-static void host_close(kvs_imports *t, kvs_import *imp)
+void kvs_host_release(struct kvs_workq *q, void *base, uint64_t size, int fd)
 {
-	host_release_item *h = t->reclaimq ? calloc(1, sizeof(*h)) : NULL;
+	host_release_item *h = q ? calloc(1, sizeof(*h)) : NULL;
 	if (!h) {
-		munmap(imp->base, imp->size);
-		close(imp->fd);
+		host_release_now(base, size, fd);
 		return;
 	}
-	*h = (host_release_item){.wi.work = host_release_work, .base = imp->base, .size = imp->size, .fd = imp->fd};
-	kvs_workq_submit(t->reclaimq, &h->wi); /* cq.done NULL: frees itself */
+	*h = (host_release_item){.wi.work = host_release_work, .base = base, .size = size, .fd = fd};
+	kvs_workq_submit(q, &h->wi); /* cq.done NULL: frees itself */
 }
+
+static void host_close(kvs_imports *t, kvs_import *imp) { kvs_host_release(t->reclaimq, imp->base, imp->size, imp->fd); }
 
 static const import_ops host_memfd = {host_open, host_same, host_close};
 

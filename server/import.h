@@ -68,6 +68,12 @@ void kvs_imports_set_workq(kvs_imports *t, struct kvs_workq *q);
 /* Where host mappings are unmapped and their memfds closed (NULL: at once,
  * on the calling thread). The queue must outlive the imports' releases. */
 void kvs_imports_set_reclaimq(kvs_imports *t, struct kvs_workq *q);
+/* Unmaps [base, base+size) (if base) and closes fd (if >= 0) on q's thread,
+ * or at once when q is NULL or memory runs out. Unmapping memory that copies
+ * touched, and closing a memfd's last reference (which frees it), take time
+ * in proportion to the bytes (a 4 GiB memfd: ~150 ms to unmap after reads,
+ * ~600 ms more to free it): the loop hands them to the reclaim thread. */
+void kvs_host_release(struct kvs_workq *q, void *base, uint64_t size, int fd);
 /* Every import must have been released. Accepts NULL. */
 void kvs_imports_destroy(kvs_imports *t);
 

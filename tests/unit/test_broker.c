@@ -643,9 +643,19 @@ START_TEST(silent_peer_and_expiry)
 	ck_assert_int_eq(reply(s), 0);
 	ck_assert_uint_eq(parked(&f), 2);
 	f.srv->now_ms += f.srv->cfg.fd_park_ms;
+	/* closed on the reclaim thread (a parked memfd's last reference frees
+	 * its memory there), not by the loop: held, they stay open */
+	gate gt;
+	gate_hold(&gt, f.srv->reclaimq);
+	int conns0 = f.srv->n_conns;
+	int open0 = fx_count_fds();
 	kvs__broker_expire(f.srv);
 	ck_assert_uint_eq(parked(&f), 0);
 	ck_assert_uint_eq(f.srv->st.broker_expired, 2);
+	open0 -= conns0 - f.srv->n_conns; /* the idle connection, closed by the loop */
+	ck_assert_int_eq(fx_count_fds(), open0);
+	gate_open(&gt);
+	ck_assert_int_eq(fx_settled_fds(&f), open0 - 2);
 	close(s);
 	close_all(fds, 2);
 	fx_stop(&f);
