@@ -287,20 +287,31 @@ bool kvs_log_async_stop(int wait_ms)
 
 uint64_t kvs_log_dropped(void) { return atomic_load_explicit(&lq_dropped_total, memory_order_relaxed); }
 
-void kvs_log_write(int level, const char *comp, const char *fmt, ...)
+/* Formats fmt (plus, when held, how many similar lines a rate limit held
+ * back) as one line and writes it, through the queue when it runs. */
+static void log_v(int level, const char *comp, uint64_t held, const char *fmt, va_list ap)
 {
 	char msg[900], line[LINE_MAX_BYTES];
-	va_list ap;
-	va_start(ap, fmt);
-	int m = vsnprintf(msg, sizeof(msg), fmt, ap);
-	va_end(ap);
+	int m = vsnprintf(msg, held ? sizeof(msg) - 64 : sizeof(msg), fmt, ap); /* room for the count */
 	if (m < 0)
 		msg[0] = 0;
+	if (held) {
+		size_t k = strlen(msg);
+		snprintf(msg + k, sizeof(msg) - k, " (%llu similar lines suppressed)", (unsigned long long)held);
+	}
 	size_t len = format_line(level, comp, msg, line);
 	if (!logq_put(line, len)) {
 		ssize_t w = write(STDERR_FILENO, line, len);
 		(void)w;
 	}
+}
+
+void kvs_log_write(int level, const char *comp, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	log_v(level, comp, 0, fmt, ap);
+	va_end(ap);
 }
 
 bool kvs_ratelimit_pass(kvs_ratelimit *rl, uint64_t *ret_suppressed)
@@ -325,15 +336,8 @@ void kvs_log_limited(kvs_ratelimit *rl, int level, const char *comp, const char 
 	uint64_t held;
 	if (!kvs_ratelimit_pass(rl, &held))
 		return;
-	char msg[800];
 	va_list ap;
 	va_start(ap, fmt);
-	int m = vsnprintf(msg, sizeof(msg), fmt, ap);
+	log_v(level, comp, held, fmt, ap);
 	va_end(ap);
-	if (m < 0)
-		msg[0] = 0;
-	if (held)
-		kvs_log_write(level, comp, "%s (%llu similar lines suppressed)", msg, (unsigned long long)held);
-	else
-		kvs_log_write(level, comp, "%s", msg);
 }
