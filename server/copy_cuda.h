@@ -123,6 +123,7 @@ typedef struct kvs_cuda_stats {
 	uint64_t staging_spare_bytes; /* staging memory of released registrations kept for the next */
 	uint64_t parts_polled;   /* parts whose completion the loop saw first by querying (kvs_cuda_poll) */
 	uint64_t pin_waits;      /* parts that waited for their L1 slices to be pinned */
+	uint64_t gate_waits;     /* parts queued off the loop after pin threads' driver calls */
 } kvs_cuda_stats;
 void kvs_cuda_get_stats(kvs_cuda_engine *e, kvs_cuda_stats *st);
 

@@ -153,6 +153,7 @@ struct kvs_cuda_engine {
 	atomic_uint parts_inflight;
 	atomic_uint_fast64_t copy_active_ns;
 	atomic_uint pin_left;   /* slices not yet final */
+	uint32_t pin_extra_us;  /* test hook KVS_TEST_PIN_HOLD_MS: a slow driver's register */
 	atomic_bool stop;
 	/* parts waiting for their producer event (copy_cuda_wait.c) */
 	pthread_mutex_t wait_mu;
@@ -215,9 +216,18 @@ void cuda_wait_producer(kvs_cuda_engine *e, kvs_cuda_stream *s, const kvs_copy_p
  * slices are asked for first); resubmitted once every slice it touches is
  * final. */
 void cuda_wait_pinned(kvs_cuda_engine *e, kvs_cuda_stream *s, const kvs_copy_part *part);
+/* A part the loop could not queue at once because pin threads were in the
+ * driver (gate held shared): it waits on the poller until the slices in
+ * progress are done, counted in parts_inflight meanwhile so that no new
+ * slice starts, and the loop resubmits it; the loop never blocks on gate
+ * for a submission (a 32 MiB cuMemHostRegister took up to ~30 ms on the
+ * H200). */
+void cuda_wait_gate(kvs_cuda_engine *e, kvs_cuda_stream *s, const kvs_copy_part *part);
 /* Every L1 slice the part's tasks touch is READY or FAILED; with want set,
  * the ones that are not are asked for first. */
 bool cuda_part_pinned(kvs_cuda_engine *e, const kvs_copy_part *part, bool want);
+/* copy_cuda_pin.c: a pin thread (pthread start routine; arg: the engine). */
+void *cuda_pin_main(void *arg);
 void cuda_wait_init(kvs_cuda_engine *e);
 void cuda_wait_fini(kvs_cuda_engine *e);
 

@@ -1,5 +1,6 @@
-/* Parts waiting for their producer event, or for the L1 slices they touch
- * to be pinned; see copy_cuda_impl.h. One poller
+/* Parts waiting for their producer event, for the L1 slices they touch
+ * to be pinned, or for the pin threads to leave the driver; see
+ * copy_cuda_impl.h. One poller
  * thread queries every waiting event (cuEventQuery, which never blocks)
  * about every 50 us while any waits, and sleeps on a condition variable
  * otherwise; a fired event, a failed query or a passed deadline posts the
@@ -23,7 +24,7 @@ typedef struct pwait {
 	CUevent ev;
 	int dev;
 	uint64_t deadline_ms;  /* 0: none */
-	bool pins;             /* waits for L1 slices to be pinned, not for ev */
+	enum { W_EVENT, W_PINS, W_GATE } what; /* ev fired; slices pinned; gate free */
 	int result;            /* 0 fired; KVS_E_TIMEOUT; KVS_E_DEVICE */
 	struct pwait *next;
 } pwait;
@@ -36,12 +37,15 @@ static void wait_done(kvs_cq_item *it)
 	if (w->ev && use(e, w->dev) == 0)
 		CU(e, cuEventDestroy)(w->ev);
 	gate_leave(e, g);
+	if (w->what == W_GATE) /* no longer held back: its submission counts it again */
+		atomic_fetch_sub(&e->parts_inflight, 1);
 	if (w->result == 0) {
 		kvs_cuda_submit(e, w->s, &w->part);
 	} else {
 		if (w->result == KVS_E_TIMEOUT)
-			kvs_warn(w->pins ? "the L1 slices of a part were not pinned before its deadline: the part fails"
-					 : "a store's producer event did not fire before its deadline: the part fails");
+			kvs_warn(w->what == W_PINS   ? "the L1 slices of a part were not pinned before its deadline: the part fails"
+				 : w->what == W_GATE ? "L1's pinning held the driver past a part's deadline: the part fails"
+						     : "a store's producer event did not fire before its deadline: the part fails");
 		e->st.errors++;
 		for (uint32_t i = 0; i < w->part.n_tasks; i++) {
 			w->part.tasks[i]->result = w->result;
@@ -67,11 +71,20 @@ static void *wait_main(void *arg)
 			int res = 1; /* still waiting */
 			if (e->wait_quiesce) {
 				res = KVS_E_TIMEOUT;
-			} else if (w->pins) {
+			} else if (w->what == W_PINS) {
 				if (cuda_part_pinned(e, &w->part, false))
 					res = 0;
 				else if (w->deadline_ms && now >= w->deadline_ms)
 					res = KVS_E_TIMEOUT;
+			} else if (w->what == W_GATE) {
+				/* free now: no pin thread is in the driver, and none
+				 * starts a slice while the part counts as in flight */
+				if (pthread_rwlock_trywrlock(&e->gate) == 0) {
+					pthread_rwlock_unlock(&e->gate);
+					res = 0;
+				} else if (w->deadline_ms && now >= w->deadline_ms) {
+					res = KVS_E_TIMEOUT;
+				}
 			} else if (use(e, w->dev) != 0) {
 				res = KVS_E_DEVICE;
 			} else {
@@ -108,20 +121,27 @@ void cuda_wait_init(kvs_cuda_engine *e)
 }
 
 static void wait_add(kvs_cuda_engine *e, kvs_cuda_stream *s, const kvs_copy_part *part, CUevent ev, int result,
-		     bool pins);
+		     int what);
 
 void cuda_wait_producer(kvs_cuda_engine *e, kvs_cuda_stream *s, const kvs_copy_part *part, CUevent ev, int result)
 {
-	wait_add(e, s, part, ev, result, false);
+	wait_add(e, s, part, ev, result, W_EVENT);
 }
 
 void cuda_wait_pinned(kvs_cuda_engine *e, kvs_cuda_stream *s, const kvs_copy_part *part)
 {
-	wait_add(e, s, part, 0, 0, true);
+	wait_add(e, s, part, 0, 0, W_PINS);
+}
+
+void cuda_wait_gate(kvs_cuda_engine *e, kvs_cuda_stream *s, const kvs_copy_part *part)
+{
+	atomic_fetch_add(&e->parts_inflight, 1); /* wait_done takes it back */
+	atomic_store(&e->copy_active_ns, kvs_now_ns());
+	wait_add(e, s, part, 0, 0, W_GATE);
 }
 
 static void wait_add(kvs_cuda_engine *e, kvs_cuda_stream *s, const kvs_copy_part *part, CUevent ev, int result,
-		     bool pins)
+		     int what)
 {
 	pwait *w = calloc(1, sizeof(*w));
 	kvs_copy_task **own = calloc(part->n_tasks ? part->n_tasks : 1, sizeof(*own));
@@ -130,6 +150,8 @@ static void wait_add(kvs_cuda_engine *e, kvs_cuda_stream *s, const kvs_copy_part
 		free(own);
 		if (ev)
 			CU(e, cuEventDestroy)(ev);
+		if (what == W_GATE)
+			atomic_fetch_sub(&e->parts_inflight, 1);
 		/* no memory to wait: the part fails (asynchronously would need the
 		 * memory we lack; the tasks' done runs on the loop right away) */
 		for (uint32_t i = 0; i < part->n_tasks; i++) {
@@ -140,7 +162,7 @@ static void wait_add(kvs_cuda_engine *e, kvs_cuda_stream *s, const kvs_copy_part
 	}
 	memcpy(own, part->tasks, part->n_tasks * sizeof(*own));
 	*w = (pwait){.cq.done = wait_done, .e = e, .s = s, .part = *part, .ev = ev, .dev = kvs_cuda_stream_device(s),
-		     .deadline_ms = part->deadline_ms, .result = result, .pins = pins};
+		     .deadline_ms = part->deadline_ms, .result = result, .what = what};
 	w->part.tasks = own;
 	w->part.event = NULL;
 	w->part.event_len = 0;

@@ -237,6 +237,8 @@ static const family families[] = {
 	 {{"cuda_parts_polled", ""}}},
 	{"cuda_pin_waits_total", "counter", "GPU job parts that waited for their L1 slices to be pinned.", 0,
 	 {{"cuda_pin_waits", ""}}},
+	{"cuda_gate_waits_total", "counter", "GPU job parts queued off the main loop after L1 pinning's driver calls.", 0,
+	 {{"cuda_gate_waits", ""}}},
 	{"cuda_devices", "gauge", "CUDA devices usable by the copy engine.", 0, {{"cuda_devices", ""}}},
 	{"cuda_tasks_total", "counter", "Copy tasks run by the CUDA engine.", 0, {{"cuda_tasks", ""}}},
 	{"cuda_kernel_launches_total", "counter", "Gather/scatter kernel launches.", 0,

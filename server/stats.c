@@ -194,6 +194,7 @@ uint32_t kvs__stats_collect(kvs_server *srv, kvs_counter *c, char (*names)[32])
 	C("cuda_submit_us", cs.submit_ns / 1000);
 	C("cuda_parts_polled", cs.parts_polled);
 	C("cuda_pin_waits", cs.pin_waits);
+	C("cuda_gate_waits", cs.gate_waits);
 	C("cuda_errors", cs.errors);
 	C("cuda_pinned_bytes", cs.pinned_bytes);
 	for (int i = 0; i < NE; i++) {

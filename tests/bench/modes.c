@@ -583,7 +583,10 @@ int kvb_mode_control(const kvb_opts *o)
 	if (kvb_server_start(o, &s, "--l1-size", "1073741824", NULL) != 0)
 		return 1;
 	int rc = 0;
-	uint32_t jobs = o->quick ? 100 : 2000;
+	/* KVB_CONTROL_TINY / KVB_CONTROL_BIG: other job counts (profiling one phase;
+	 * the big phase's rank memory grows with it: 2 MiB per job and rank) */
+	const char *jt = getenv("KVB_CONTROL_TINY"), *jb = getenv("KVB_CONTROL_BIG");
+	uint32_t jobs = o->quick ? 100 : jt && atoi(jt) > 0 ? (uint32_t)atoi(jt) : 2000;
 	/* tiny jobs: one 4 KiB block, one rank */
 	copy_cfg tiny = {.ranks = 1, .run = 900, .jobs = jobs, .g = {.layers = 1, .bpc = 1, .nb = jobs + 1, .block = 4096}};
 	rank_out outs[64], one[64];
@@ -608,7 +611,7 @@ int kvb_mode_control(const kvb_opts *o)
 		rc = 1;
 	}
 	/* 2 MiB-per-rank jobs: overhead beyond the copy itself */
-	uint32_t jobs2 = o->quick ? 20 : 200;
+	uint32_t jobs2 = o->quick ? 20 : jb && atoi(jb) > 0 ? (uint32_t)atoi(jb) : 200;
 	copy_cfg big = {.ranks = o->ranks, .run = 901, .jobs = jobs2,
 			.g = {.layers = 1, .bpc = 32, .nb = 32 * (jobs2 + 1), .block = 64 << 10}};
 	kvs_client *sc = kvt_client(&s, "ctl", KVS_ROLE_SCHEDULER, 0, o->ranks, NULL, NULL);

@@ -214,9 +214,10 @@ static int startup_one(const kvb_opts *o, uint64_t gib, bool check)
 		pthread_join(pt, NULL);
 	uint64_t reaped = pr.c ? kvt_stat(pr.c, "sessions_reaped") : UINT64_MAX;
 	if (pr.c) /* what the copies met: parts that waited for pinning, evictions */
-		kvb_note("startup L1 %lluG at the end: cuda_pin_waits %llu, cuda_pinned_bytes %llu MiB, l1_withheld_bytes "
-			 "%llu MiB, l1_evictions %llu, cuda_fallback_copies %llu", (unsigned long long)gib,
+		kvb_note("startup L1 %lluG at the end: cuda_pin_waits %llu, cuda_gate_waits %llu, cuda_pinned_bytes %llu MiB, "
+			 "l1_withheld_bytes %llu MiB, l1_evictions %llu, cuda_fallback_copies %llu", (unsigned long long)gib,
 			 (unsigned long long)kvt_stat(pr.c, "cuda_pin_waits"),
+			 (unsigned long long)kvt_stat(pr.c, "cuda_gate_waits"),
 			 (unsigned long long)(kvt_stat(pr.c, "cuda_pinned_bytes") >> 20),
 			 (unsigned long long)(kvt_stat(pr.c, "l1_withheld_bytes") >> 20),
 			 (unsigned long long)kvt_stat(pr.c, "l1_evictions"),

@@ -8,7 +8,8 @@
 #                                 logs in ${OUT:-gpu-logs}/
 #                                 (nvidia-smi.txt, gpu-suite-<path>.log, gpu-preload.log,
 #                                 gpu-bench.md, gpu-bench.err)
-#   tests/gpu/gpu-run.sh remote-suite the GPU suite alone, per copy path (SUITE_PATHS)
+#   tests/gpu/gpu-run.sh remote-suite the GPU suite alone, per copy path (SUITE_PATHS),
+#                                 then test_gpu_gate (gpu-gate.log)
 #   tests/gpu/gpu-run.sh remote-event stores after late and never-firing CUDA
 #                                 producer events (test_gpu_event): gpu-event.log
 #   tests/gpu/gpu-run.sh remote-trace one rank, one job in flight, per block size
@@ -79,6 +80,11 @@ suite_paths() {
     [ $r -eq 0 ] || rc=$r
     echo "gpu suite ($v ${envs[*]}): exit $r"; grep -Ev '^[0-9]{4}-[0-9]{2}-[0-9]{2}T' "$out/gpu-suite-$v.log" | tail -12
   done
+  # the loop never waits for L1's pin threads (test_gpu_gate: one copy path is enough)
+  r=0
+  timeout 120 build/tests/gpu/test_gpu_gate > "$out/gpu-gate.log" 2>&1 || r=$?
+  [ $r -eq 0 ] || rc=$r
+  echo "gpu gate: exit $r"; grep -Ev '^[0-9]{4}-[0-9]{2}-[0-9]{2}T' "$out/gpu-gate.log" | tail -4
   return $rc
 }
 

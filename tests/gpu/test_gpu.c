@@ -11,8 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "harness.h"
-#include "kvs_cuda.h"
+#include "gpu_util.h"
 
 #define W 4
 #define ALLOC (1ull << 30)
@@ -32,17 +31,6 @@
 #define G2_STRIDE (9u << 10)
 #define G2_NB 256
 #define G2_OFF (G1_OFF + (uint64_t)G1_LAYERS * G1_NB * G1_BYTES)
-
-static int failures;
-#define CHECK(c, ...)                                                            \
-	do {                                                                     \
-		if (!(c)) {                                                      \
-			fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);     \
-			fprintf(stderr, __VA_ARGS__);                            \
-			fprintf(stderr, "\n");                                   \
-			failures++;                                              \
-		}                                                                \
-	} while (0)
 
 enum { C_STORE = 1, C_RETRIEVE, C_COMPLETE, C_VERIFY, C_UNREG, C_REG, C_STATE, C_EXIT };
 typedef struct cmd {
@@ -447,9 +435,5 @@ int main(void)
 		do1(&p[i], (cmd){.op = C_EXIT});
 	for (int i = 0; i < W; i++)
 		kvt_proc_wait(&p[i]);
-	kvs_client_close(sc);
-	CHECK(kvt_server_stop(&s) == 0, "server exit");
-	kvt_server_cleanup(&s);
-	printf("%s: %d failure(s)\n", failures ? "FAILED" : "PASSED", failures);
-	return failures ? 1 : 0;
+	return gpu_finish(&s, sc);
 }

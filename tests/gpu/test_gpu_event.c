@@ -14,25 +14,13 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "harness.h"
-#include "kvs_cuda.h"
+#include "gpu_util.h"
 
 #define SIZE (64ull << 20)
 #define BB (64u << 10) /* block bytes */
 #define NB (SIZE / BB)
 #define BPC 4
 #define NK 8 /* chunks per job */
-
-static int failures;
-#define CHECK(c, ...)                                                            \
-	do {                                                                     \
-		if (!(c)) {                                                      \
-			fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);     \
-			fprintf(stderr, __VA_ARGS__);                            \
-			fprintf(stderr, "\n");                                   \
-			failures++;                                              \
-		}                                                                \
-	} while (0)
 
 typedef struct held {
 	CUstream st;
@@ -100,37 +88,20 @@ int main(void)
 	}
 	kvs_client *sc = kvt_client(&s, "EV", KVS_ROLE_SCHEDULER, 0, 1, NULL, NULL);
 	const kvs_cuda_api *cu = kvs_cuda();
-	for (int i = 0; sc && i < 1500 && kvt_stat(sc, "cuda_starting") == 1; i++)
-		usleep(10000);
-	if (!sc || kvt_stat(sc, "cuda_available") != 1 || !cu->ok || !cu->cuStreamWaitValue32) {
+	if (!gpu_engine_ready(sc) || !cu->cuStreamWaitValue32) {
 		printf("SKIP: no usable GPU in the server, or no cuStreamWaitValue32 here\n");
 		kvs_client_close(sc);
 		kvt_server_stop(&s);
 		kvt_server_cleanup(&s);
 		return 77;
 	}
-	kvs_client *w = kvt_client(&s, "EV", KVS_ROLE_WORKER, 0, 1, NULL, NULL);
-	uint8_t *dev = kvs_cuda_alloc(SIZE, 0, NULL);
-	uint8_t *orig = malloc(SIZE), *now = malloc(SIZE);
-	CHECK(w && dev && orig && now, "setup");
-	if (!w || !dev || !orig || !now)
+	gpu_one g;
+	CHECK(gpu_one_register(&s, "EV", SIZE, BB, BPC, 13, &g) == 0, "register");
+	uint8_t *now = malloc(SIZE), *orig = g.orig, *dev = g.dev;
+	kvs_client *w = g.w;
+	uint64_t handle = g.handle;
+	if (!now || !orig || !dev || !w)
 		return 1;
-	for (uint64_t i = 0; i < SIZE; i++)
-		orig[i] = (uint8_t)(i * 2654435761u >> 13);
-	cu->cuMemcpyHtoD((CUdeviceptr)(uintptr_t)dev, orig, SIZE);
-	kvs_alloc al;
-	uint64_t base = 0;
-	CHECK(kvs_cuda_export(dev, &al, &base) == 0, "export");
-	kvs_layer ly = {.group = 0, .alloc = 0, .offset = (uint64_t)(uintptr_t)dev - base, .num_blocks = NB,
-			.block_stride = BB, .block_bytes = BB};
-	kvs_group gr = {.id = 0, .kind = KVS_GROUP_ATTENTION, .tokens_per_block = 16, .blocks_per_chunk = BPC,
-			.window_chunks = -1, .null_block = -1};
-	kvs_registration_desc d = {.device_type = KVS_DEV_CUDA, .allocs = &al, .n_allocs = 1, .groups = &gr,
-				   .n_groups = 1, .layers = &ly, .n_layers = 1};
-	kvs_cuda_device_uuid(0, d.device_uuid);
-	uint64_t handle = 0;
-	CHECK(kvs_register(w, &d, 20000, &handle) == 0, "register");
-	close(al.fd);
 
 	/* 1: an event that fires late */
 	held a = {0}, b = {0};
@@ -172,11 +143,7 @@ int main(void)
 	cu->cuStreamSynchronize(a.st);
 	cu->cuStreamSynchronize(b.st);
 	CHECK(kvt_stat(sc, "requests") != UINT64_MAX, "server serving");
-	kvs_client_close(w);
-	kvs_client_close(sc);
-	kvs_cuda_free(dev, SIZE, 0, NULL);
-	CHECK(kvt_server_stop(&s) == 0, "server exit");
-	kvt_server_cleanup(&s);
-	printf("%s: %d failure(s)\n", failures ? "FAILED" : "PASSED", failures);
-	return failures ? 1 : 0;
+	gpu_one_free(&g);
+	free(now);
+	return gpu_finish(&s, sc);
 }
