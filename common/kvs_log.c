@@ -4,7 +4,9 @@
 #include <ctype.h>
 #include <errno.h>
 #include <poll.h>
+#include <limits.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <stdint.h>
@@ -143,17 +145,24 @@ static struct {
 	pthread_t thr;
 } lq = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
 static atomic_bool lq_started; /* a hint for the common case, the client library's: no sink */
+/* the chunk the thread is writing: out[out_done .. out_len) is still to go
+ * (read by kvs_log_crash_flush, which cannot take mu) */
+static _Atomic size_t lq_out_len, lq_out_done;
+static atomic_bool lq_crashing; /* kvs_log_crash_flush took over: the thread writes no more */
 static _Atomic uint64_t lq_dropped_total;
 
 /* Writes all of b to stderr, waiting while it is full; gives up on an error
- * (a closed reader: the lines are lost either way). */
-static void write_all(const char *b, size_t n)
+ * (a closed reader: the lines are lost either way). done, if given, counts
+ * the bytes written. */
+static void write_all(const char *b, size_t n, _Atomic size_t *done)
 {
-	while (n) {
+	while (n && !atomic_load_explicit(&lq_crashing, memory_order_relaxed)) {
 		ssize_t w = write(STDERR_FILENO, b, n);
 		if (w > 0) {
 			b += w;
 			n -= (size_t)w;
+			if (done)
+				atomic_fetch_add(done, (size_t)w);
 		} else if (w < 0 && errno == EAGAIN) { /* someone made stderr non-blocking */
 			struct pollfd p = {.fd = STDERR_FILENO, .events = POLLOUT};
 			poll(&p, 1, 1000);
@@ -172,6 +181,11 @@ static void *logq_main(void *arg)
 			pthread_cond_wait(&lq.cv, &lq.mu);
 		if (!lq.len && !lq.dropped)
 			break; /* stopping, and everything written */
+		if (atomic_load(&lq_crashing)) { /* the ring is the crash handler's now */
+			pthread_mutex_unlock(&lq.mu);
+			for (;;)
+				pause(); /* until the fatal signal's default action */
+		}
 		size_t n = lq.len < LOGQ_CHUNK ? lq.len : LOGQ_CHUNK;
 		size_t first = lq.size - lq.head < n ? lq.size - lq.head : n;
 		memcpy(lq.out, lq.buf + lq.head, first);
@@ -180,13 +194,16 @@ static void *logq_main(void *arg)
 		lq.len -= n;
 		uint64_t dropped = lq.dropped;
 		lq.dropped = 0;
+		atomic_store(&lq_out_done, 0);
+		atomic_store(&lq_out_len, n);
 		pthread_mutex_unlock(&lq.mu);
-		write_all(lq.out, n);
+		write_all(lq.out, n, &lq_out_done);
+		atomic_store(&lq_out_len, 0);
 		if (dropped) { /* in the log's own format, after the lines that were kept */
 			char msg[160], line[LINE_MAX_BYTES];
 			snprintf(msg, sizeof(msg), "%llu log lines dropped: stderr's reader fell %zu KiB behind",
 				 (unsigned long long)dropped, lq.size >> 10);
-			write_all(line, format_line(KVS_LOG_WARN, "log", msg, line));
+			write_all(line, format_line(KVS_LOG_WARN, "log", msg, line), NULL);
 		}
 		pthread_mutex_lock(&lq.mu);
 	}
@@ -286,6 +303,89 @@ bool kvs_log_async_stop(int wait_ms)
 }
 
 uint64_t kvs_log_dropped(void) { return atomic_load_explicit(&lq_dropped_total, memory_order_relaxed); }
+
+/* ---- a crash's last lines (kvs_log_crash_flush) --------------------------------
+ * Called from a fatal signal's handler, so only async-signal-safe calls, and
+ * no mutex: the crashing thread may hold lq.mu. It reads head and len as
+ * they are; a line the log thread is writing at that moment may appear
+ * twice, or a line being queued may be cut: duplicates and a torn line
+ * beat losing the error that came right before the crash. Each write is at
+ * most PIPE_BUF bytes, after poll said stderr takes that much, so a reader
+ * that stopped reading delays the process's death by CRASH_FLUSH_MS at
+ * most. */
+#define CRASH_FLUSH_MS 1000
+
+static uint64_t mono_ms(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (uint64_t)t.tv_sec * 1000u + (uint64_t)t.tv_nsec / 1000000u;
+}
+
+/* Writes b[0..n) in pieces stderr takes without blocking, until end;
+ * false if it gave up. */
+static bool crash_write(const char *b, size_t n, uint64_t end)
+{
+	while (n) {
+		uint64_t now = mono_ms();
+		struct pollfd pf = {.fd = STDERR_FILENO, .events = POLLOUT};
+		if (now >= end || poll(&pf, 1, (int)(end - now)) <= 0 || !(pf.revents & POLLOUT))
+			return false;
+		ssize_t w = write(STDERR_FILENO, b, n < PIPE_BUF ? n : PIPE_BUF);
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w <= 0)
+			return false;
+		b += w;
+		n -= (size_t)w;
+	}
+	return true;
+}
+
+void kvs_log_crash_flush(void)
+{
+	if (!atomic_load_explicit(&lq_started, memory_order_relaxed) || !lq.buf)
+		return;
+	if (atomic_exchange(&lq_crashing, true))
+		return; /* a second fatal signal, on another thread */
+	uint64_t end = mono_ms() + CRASH_FLUSH_MS;
+	/* one look at both before writing: the rest of the chunk the thread is
+	 * writing (a stalled reader: most of what is queued), then the ring
+	 * behind it; from here the thread takes no new chunk, and stops
+	 * writing its own after the write(2) it is in */
+	size_t on = atomic_load(&lq_out_len), od = atomic_load(&lq_out_done);
+	size_t size = lq.size, head = lq.head, len = lq.len;
+	if (on <= LOGQ_CHUNK && od < on && !crash_write(lq.out + od, on - od, end))
+		return;
+	if (!size || head >= size || len > size)
+		return;
+	size_t first = size - head < len ? size - head : len;
+	if (crash_write(lq.buf + head, first, end))
+		crash_write(lq.buf, len - first, end);
+}
+
+static void on_fatal(int sig)
+{
+	int e = errno;
+	kvs_log_crash_flush();
+	errno = e;
+	/* SA_RESETHAND restored the default: a fault happens again on return,
+	 * a signal sent by kill or abort is pending until then */
+	raise(sig);
+}
+
+void kvs_log_crash_handlers(void)
+{
+	static const int sigs[] = {SIGSEGV, SIGBUS, SIGABRT, SIGFPE, SIGILL};
+	struct sigaction sa = {.sa_handler = on_fatal, .sa_flags = SA_RESETHAND};
+	sigemptyset(&sa.sa_mask);
+	for (size_t i = 0; i < sizeof(sigs) / sizeof(sigs[0]); i++) {
+		/* a handler already there stays (a sanitizer's report says more) */
+		struct sigaction old;
+		if (sigaction(sigs[i], NULL, &old) == 0 && !(old.sa_flags & SA_SIGINFO) && old.sa_handler == SIG_DFL)
+			sigaction(sigs[i], &sa, NULL);
+	}
+}
 
 /* Formats fmt (plus, when held, how many similar lines a rate limit held
  * back) as one line and writes it, through the queue when it runs. */

@@ -11,6 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "kvs_log.h"
 #include "kvs_time.h"
 #include "kvs_trace.h"
 
@@ -47,7 +48,9 @@ static void on_sigbus(int sig, siginfo_t *si, void *ctx)
 	sigjmp_buf *g = guard;
 	if (g)
 		siglongjmp(*g, 1);
-	/* not a guarded copy: returning re-runs the access under the default */
+	/* not a guarded copy: the log's last lines (kvs_log.h), then returning
+	 * re-runs the access under the default */
+	kvs_log_crash_flush();
 	struct sigaction dfl = {.sa_handler = SIG_DFL};
 	sigemptyset(&dfl.sa_mask);
 	sigaction(sig, &dfl, NULL);

@@ -144,6 +144,7 @@ int main(int argc, char **argv)
 		kvs_warn("cannot start the log thread: logging writes to stderr directly");
 	else
 		atexit(log_flush); /* every exit from here on writes what is queued */
+	kvs_log_crash_handlers(); /* and a crash too, best effort */
 	int sfd = signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
 	if (sfd < 0) {
 		perror("signalfd");

@@ -10,6 +10,7 @@ Real server with stdout and stderr on a pipe this test does not read at
 first; real sessions through libkvside. Environment as
 tests/python/test_binding.py."""
 
+import fcntl
 import json
 import os
 import signal
@@ -22,12 +23,12 @@ import unittest
 import kvside
 
 
-def start(run, wfd, *extra):
+def start(run, wfd, *extra, queue="65536", level="debug"):
     # a 64 KiB queue (KVS_TEST_LOG_QUEUE_BYTES; 1 MiB by default) fills
     # after a few hundred sessions at debug level
-    env = dict(os.environ, KVS_TEST_LOG_QUEUE_BYTES="65536")
+    env = dict(os.environ, KVS_TEST_LOG_QUEUE_BYTES=queue)
     p = subprocess.Popen([os.environ["KVS_SERVER"], "--broker-dir", run, "--l1-size", "64M",
-                          "--metrics-listen", "off", "--log-level", "debug", "--no-prefault"] + list(extra),
+                          "--metrics-listen", "off", "--log-level", level, "--no-prefault"] + list(extra),
                          stdout=wfd, stderr=wfd, env=env)
     deadline = time.time() + 20
     while not os.path.exists(os.path.join(run, "kvside.zmq")):
@@ -121,6 +122,44 @@ class StalledLogTest(unittest.TestCase):
         # exit at once; with a join that waits, never)
         self.assertEqual(self.proc.wait(60), 0)
         self.assertGreaterEqual(time.time() - t0, 1.9)
+
+
+class CrashTest(unittest.TestCase):
+    """A crash (here SIGABRT, as from abort or a failed assertion) does not
+    lose the lines still queued: the fatal signal's handler writes them
+    before the default action (kvs_log_crash_flush). Without it the lines
+    behind a slow reader died with the process, the error that came right
+    before a crash among them."""
+
+    def test_queued_lines_written_at_a_crash(self):
+        tmp = tempfile.mkdtemp(prefix="kvt-crash-")
+        run = os.path.join(tmp, "run")
+        r, w = os.pipe()
+        fcntl.fcntl(w, 1031, 4096)  # F_SETPIPE_SZ: one page fills at once
+        proc = start(run, w, queue=str(1 << 20), level="info")
+        os.close(w)
+        try:
+            # ~150 bytes of info lines per session: far more than the pipe
+            # holds, far less than the 1 MiB queue (nothing dropped)
+            sessions(run, 200)
+            with kvside.Client("crashmarker", "ns", role="scheduler", broker_dir=run, timeout_ms=3000) as c:
+                c.stats()
+            self.assertEqual(stat(run, "log_lines_dropped"), 0)
+            proc.send_signal(signal.SIGABRT)
+            got = bytearray()
+            while True:  # the reader catches up while the server dies
+                b = os.read(r, 1 << 16)
+                if not b:
+                    break
+                got.extend(b)
+            self.assertEqual(proc.wait(20), -signal.SIGABRT)
+            self.assertIn(b"engine 'crashmarker'", bytes(got))
+            self.assertIn(b"engine 'e199'", bytes(got))
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            os.close(r)
 
 
 if __name__ == "__main__":
