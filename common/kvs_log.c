@@ -3,8 +3,8 @@
 
 #include <ctype.h>
 #include <errno.h>
-#include <poll.h>
 #include <limits.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -16,6 +16,8 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "kvs_time.h"
 
 static atomic_int log_level = KVS_LOG_WARN;
 static atomic_int log_format = KVS_LOG_TEXT;
@@ -146,9 +148,9 @@ static struct {
 } lq = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
 static atomic_bool lq_started; /* a hint for the common case, the client library's: no sink */
 /* the chunk the thread is writing: out[out_done .. out_len) is still to go
- * (read by kvs_log_crash_flush, which cannot take mu) */
+ * (read by the crash handler, kvs_log_fatal, which cannot take mu) */
 static _Atomic size_t lq_out_len, lq_out_done;
-static atomic_bool lq_crashing; /* kvs_log_crash_flush took over: the thread writes no more */
+static atomic_bool lq_crashing; /* kvs_log_fatal took over: the thread writes no more */
 static _Atomic uint64_t lq_dropped_total;
 
 /* Writes all of b to stderr, waiting while it is full; gives up on an error
@@ -304,7 +306,7 @@ bool kvs_log_async_stop(int wait_ms)
 
 uint64_t kvs_log_dropped(void) { return atomic_load_explicit(&lq_dropped_total, memory_order_relaxed); }
 
-/* ---- a crash's last lines (kvs_log_crash_flush) --------------------------------
+/* ---- a crash's last lines (kvs_log_fatal) --------------------------------
  * Called from a fatal signal's handler, so only async-signal-safe calls, and
  * no mutex: the crashing thread may hold lq.mu. It reads head and len as
  * they are; a line the log thread is writing at that moment may appear
@@ -315,19 +317,12 @@ uint64_t kvs_log_dropped(void) { return atomic_load_explicit(&lq_dropped_total, 
  * most. */
 #define CRASH_FLUSH_MS 1000
 
-static uint64_t mono_ms(void)
-{
-	struct timespec t;
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return (uint64_t)t.tv_sec * 1000u + (uint64_t)t.tv_nsec / 1000000u;
-}
-
 /* Writes b[0..n) in pieces stderr takes without blocking, until end;
  * false if it gave up. */
 static bool crash_write(const char *b, size_t n, uint64_t end)
 {
 	while (n) {
-		uint64_t now = mono_ms();
+		uint64_t now = kvs_now_ms();
 		struct pollfd pf = {.fd = STDERR_FILENO, .events = POLLOUT};
 		if (now >= end || poll(&pf, 1, (int)(end - now)) <= 0 || !(pf.revents & POLLOUT))
 			return false;
@@ -342,13 +337,13 @@ static bool crash_write(const char *b, size_t n, uint64_t end)
 	return true;
 }
 
-void kvs_log_crash_flush(void)
+static void crash_flush(void)
 {
 	if (!atomic_load_explicit(&lq_started, memory_order_relaxed) || !lq.buf)
 		return;
 	if (atomic_exchange(&lq_crashing, true))
 		return; /* a second fatal signal, on another thread */
-	uint64_t end = mono_ms() + CRASH_FLUSH_MS;
+	uint64_t end = kvs_now_ms() + CRASH_FLUSH_MS;
 	/* one look at both before writing: the rest of the chunk the thread is
 	 * writing (a stalled reader: most of what is queued), then the ring
 	 * behind it; from here the thread takes no new chunk, and stops
@@ -364,20 +359,23 @@ void kvs_log_crash_flush(void)
 		crash_write(lq.buf, len - first, end);
 }
 
-static void on_fatal(int sig)
+void kvs_log_fatal(int sig)
 {
 	int e = errno;
-	kvs_log_crash_flush();
+	crash_flush();
 	errno = e;
-	/* SA_RESETHAND restored the default: a fault happens again on return,
-	 * a signal sent by kill or abort is pending until then */
+	/* then the default action: a fault happens again on return, a signal
+	 * sent by kill or abort is pending until then */
+	struct sigaction dfl = {.sa_handler = SIG_DFL};
+	sigemptyset(&dfl.sa_mask);
+	sigaction(sig, &dfl, NULL);
 	raise(sig);
 }
 
 void kvs_log_crash_handlers(void)
 {
 	static const int sigs[] = {SIGSEGV, SIGBUS, SIGABRT, SIGFPE, SIGILL};
-	struct sigaction sa = {.sa_handler = on_fatal, .sa_flags = SA_RESETHAND};
+	struct sigaction sa = {.sa_handler = kvs_log_fatal};
 	sigemptyset(&sa.sa_mask);
 	for (size_t i = 0; i < sizeof(sigs) / sizeof(sigs[0]); i++) {
 		/* a handler already there stays (a sanitizer's report says more) */

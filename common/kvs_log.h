@@ -40,14 +40,13 @@ int kvs_log_async_start(size_t bytes);
 bool kvs_log_async_stop(int wait_ms);
 /* Lines the asynchronous sink dropped since the process started. */
 uint64_t kvs_log_dropped(void);
-/* Writes the lines still queued, from a fatal signal's handler
- * (async-signal-safe, best effort: a line may be written twice or torn;
- * at most 1 s with a stalled reader). kvs_log_crash_handlers installs a
- * handler that calls it on SIGSEGV, SIGBUS, SIGABRT, SIGFPE and SIGILL and
- * then takes the signal's default action (a core, the exit status); a
- * later SIGBUS handler of its own (copy_host.c) calls it too. A handler
- * already installed (a sanitizer's) is left in place. */
-void kvs_log_crash_flush(void);
+/* A fatal signal's handler: writes the lines still queued (async-signal-safe,
+ * best effort: a line may be written twice or torn; at most 1 s with a
+ * stalled reader), then takes the signal's default action (a core, the exit
+ * status). kvs_log_crash_handlers installs it for SIGSEGV, SIGBUS, SIGABRT,
+ * SIGFPE and SIGILL, leaving a handler already there (a sanitizer's); a
+ * handler of its own calls it for what it does not handle (copy_host.c). */
+void kvs_log_fatal(int sig);
 void kvs_log_crash_handlers(void);
 
 #define kvs_log(level, ...)                                                  \

@@ -20,8 +20,10 @@ typedef struct pwait {
 	kvs_cq_item cq;        /* first: posted when the wait ended */
 	kvs_cuda_engine *e;
 	kvs_cuda_stream *s;    /* the registration's stream: leased by the part */
-	kvs_copy_part part;    /* tasks owned (copied array), event cleared */
+	kvs_copy_part part;    /* tasks owned (copied array); event cleared, or &held */
 	CUevent ev;
+	CUipcEventHandle held; /* W_GATE: the part's producer event, not yet checked (the
+				* request that carried it is gone by the resubmission) */
 	int dev;
 	uint64_t deadline_ms;  /* 0: none */
 	enum { W_EVENT, W_PINS, W_GATE } what; /* ev fired; slices pinned; gate free */
@@ -164,8 +166,13 @@ static void wait_add(kvs_cuda_engine *e, kvs_cuda_stream *s, const kvs_copy_part
 	*w = (pwait){.cq.done = wait_done, .e = e, .s = s, .part = *part, .ev = ev, .dev = kvs_cuda_stream_device(s),
 		     .deadline_ms = part->deadline_ms, .result = result, .what = what};
 	w->part.tasks = own;
-	w->part.event = NULL;
-	w->part.event_len = 0;
+	if (what == W_GATE && part->event && part->event_len == sizeof(w->held)) {
+		memcpy(&w->held, part->event, sizeof(w->held));
+		w->part.event = &w->held;
+	} else { /* checked already, or owned as ev */
+		w->part.event = NULL;
+		w->part.event_len = 0;
+	}
 	if (result) { /* already failed (the event could not be opened) */
 		kvs_cq_post(e->cq, &w->cq);
 		return;

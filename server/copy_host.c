@@ -48,14 +48,7 @@ static void on_sigbus(int sig, siginfo_t *si, void *ctx)
 	sigjmp_buf *g = guard;
 	if (g)
 		siglongjmp(*g, 1);
-	/* not a guarded copy: the log's last lines (kvs_log.h), then the
-	 * default action: a fault happens again on return, a SIGBUS sent by
-	 * kill is pending until then (the log thread took its last chunk) */
-	kvs_log_crash_flush();
-	struct sigaction dfl = {.sa_handler = SIG_DFL};
-	sigemptyset(&dfl.sa_mask);
-	sigaction(sig, &dfl, NULL);
-	raise(sig);
+	kvs_log_fatal(sig); /* not a guarded copy: the log's last lines, then the default */
 }
 
 static void install_guard(void)

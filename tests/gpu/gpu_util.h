@@ -1,12 +1,14 @@
 /* Shared by the GPU suite's C tests: CHECK (counts a failure and goes on),
  * waiting for the server's CUDA engine, and one rank in the test's own
  * process whose cuMem memory on GPU 0 is registered as one attention layer
- * (test_gpu_event, test_gpu_gate). Header-only: each test is one file. */
+ * (test_gpu_event, test_gpu_gate), its jobs' parts, and producer events
+ * held back on a stream. Header-only: each test is one file. */
 #ifndef KVS_TEST_GPU_UTIL_H
 #define KVS_TEST_GPU_UTIL_H
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -78,6 +80,65 @@ static inline void gpu_one_free(gpu_one *g)
 		kvs_cuda_free(g->dev, g->size, 0, NULL);
 	free(g->orig);
 	*g = (gpu_one){0};
+}
+
+/* The rank's part of job: nk chunks of bpc blocks over blocks first..
+ * (store; keys from job) or into them (retrieve of the chunks job - 100
+ * stored), a store after the producer event h if given (up to 64 chunks). */
+static inline int gpu_one_part(const gpu_one *g, uint64_t job, bool store, int64_t first, uint32_t nk, uint32_t bpc,
+			       const CUipcEventHandle *h, int *state)
+{
+	uint8_t keys[64 * 32];
+	int64_t ids[64 * 64];
+	if (nk > 64 || bpc > 64)
+		return -1;
+	for (uint32_t k = 0; k < nk; k++) {
+		uint64_t j = store ? job : job - 100;
+		memset(keys + 32 * k, 0, 32);
+		memcpy(keys + 32 * k, &j, 8);
+		memcpy(keys + 32 * k + 8, &k, 4);
+		keys[32 * k + 31] = 0x5a;
+	}
+	for (uint32_t i = 0; i < nk * bpc; i++)
+		ids[i] = first + i;
+	const int64_t *l[1] = {ids};
+	uint32_t len[1] = {nk * bpc};
+	kvs_blocks bl = {.n_groups = 1, .ids = l, .len = len};
+	kvs_store_opts o = {.producer_event = h ? (const uint8_t *)h : NULL, .producer_event_len = h ? sizeof(*h) : 0};
+	return store ? kvs_store(g->w, job, keys, nk, &bl, &o, 20000, state)
+		     : kvs_retrieve(g->w, job, keys, nk, &bl, 0, 20000, state);
+}
+
+/* A producer's work not done yet: a stream held back until *word >= 1, and
+ * an IPC event recorded after it (needs cuStreamWaitValue32). */
+typedef struct gpu_held {
+	CUstream st;
+	volatile uint32_t *word; /* pinned host word the stream waits for */
+	CUevent ev;
+	CUipcEventHandle h;
+} gpu_held;
+
+static inline int gpu_hold(gpu_held *x)
+{
+	const kvs_cuda_api *cu = kvs_cuda();
+	CUdeviceptr dw;
+	if (!cu->cuStreamWaitValue32 || cu->cuStreamCreate(&x->st, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS ||
+	    cu->cuMemAllocHost((void **)&x->word, 4096) != CUDA_SUCCESS)
+		return -1;
+	*x->word = 0;
+	if (cu->cuMemHostGetDevicePointer(&dw, (void *)x->word, 0) != CUDA_SUCCESS ||
+	    cu->cuStreamWaitValue32(x->st, dw, 1, CU_STREAM_WAIT_VALUE_GEQ) != CUDA_SUCCESS ||
+	    cu->cuEventCreate(&x->ev, CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS) != CUDA_SUCCESS ||
+	    cu->cuEventRecord(x->ev, x->st) != CUDA_SUCCESS || cu->cuIpcGetEventHandle(&x->h, x->ev) != CUDA_SUCCESS)
+		return -1;
+	return 0;
+}
+
+/* The producer's work ends: the event fires; waits for the stream. */
+static inline void gpu_release(gpu_held *x)
+{
+	*x->word = 1;
+	kvs_cuda()->cuStreamSynchronize(x->st);
 }
 
 /* A test's end: the scheduler session closed, the server stopped (its

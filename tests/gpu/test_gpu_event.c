@@ -22,54 +22,6 @@
 #define BPC 4
 #define NK 8 /* chunks per job */
 
-typedef struct held {
-	CUstream st;
-	volatile uint32_t *word; /* pinned host word the stream waits for */
-	CUevent ev;
-	CUipcEventHandle h;
-} held;
-
-/* A stream held back until *word >= 1, and an IPC event recorded after it. */
-static int hold(const kvs_cuda_api *cu, held *x)
-{
-	CUdeviceptr dw;
-	if (cu->cuStreamCreate(&x->st, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS ||
-	    cu->cuMemAllocHost((void **)&x->word, 4096) != CUDA_SUCCESS)
-		return -1;
-	*x->word = 0;
-	if (cu->cuMemHostGetDevicePointer(&dw, (void *)x->word, 0) != CUDA_SUCCESS ||
-	    cu->cuStreamWaitValue32(x->st, dw, 1, CU_STREAM_WAIT_VALUE_GEQ) != CUDA_SUCCESS ||
-	    cu->cuEventCreate(&x->ev, CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS) != CUDA_SUCCESS ||
-	    cu->cuEventRecord(x->ev, x->st) != CUDA_SUCCESS || cu->cuIpcGetEventHandle(&x->h, x->ev) != CUDA_SUCCESS)
-		return -1;
-	return 0;
-}
-
-static void key_of(uint64_t job, uint32_t k, uint8_t out[32])
-{
-	memset(out, 0, 32);
-	memcpy(out, &job, 8);
-	memcpy(out + 8, &k, 4);
-	out[31] = 0x5a;
-}
-
-static int part(kvs_client *c, uint64_t job, bool store, int64_t first, const held *x, int *state)
-{
-	uint8_t keys[NK * 32];
-	int64_t ids[NK * BPC];
-	for (uint32_t k = 0; k < NK; k++)
-		key_of(store ? job : job - 100, k, keys + 32 * k);
-	for (uint32_t i = 0; i < NK * BPC; i++)
-		ids[i] = first + i;
-	const int64_t *l[1] = {ids};
-	uint32_t len[1] = {NK * BPC};
-	kvs_blocks bl = {.n_groups = 1, .ids = l, .len = len};
-	kvs_store_opts o = {.producer_event = x ? (const uint8_t *)&x->h : NULL,
-			    .producer_event_len = x ? sizeof(x->h) : 0};
-	return store ? kvs_store(c, job, keys, NK, &bl, &o, 20000, state)
-		     : kvs_retrieve(c, job, keys, NK, &bl, 0, 20000, state);
-}
-
 static int job_state(kvs_client *sc, uint64_t job)
 {
 	int st = -1;
@@ -104,10 +56,10 @@ int main(void)
 		return 1;
 
 	/* 1: an event that fires late */
-	held a = {0}, b = {0};
-	CHECK(hold(cu, &a) == 0 && hold(cu, &b) == 0, "held streams");
+	gpu_held a = {0}, b = {0};
+	CHECK(gpu_hold(&a) == 0 && gpu_hold(&b) == 0, "held streams");
 	int st = -1;
-	CHECK(part(w, 1, true, 0, &a, &st) == 0 && st == KVS_JOB_OPEN, "store after a pending event: %d", st);
+	CHECK(gpu_one_part(&g, 1, true, 0, NK, BPC, &a.h, &st) == 0 && st == KVS_JOB_OPEN, "store after a pending event: %d", st);
 	CHECK(kvs_complete(w, 1, true, 20000, &st) == 0, "complete");
 	usleep(300000);
 	kvs_job_info_out info = {0};
@@ -117,7 +69,7 @@ int main(void)
 	      "the store waits for its event (state %d)", info.state);
 	*a.word = 1; /* the producer's work ends: the event fires */
 	CHECK(job_state(sc, 1) == KVS_JOB_COMMITTED, "store after the event not committed");
-	CHECK(part(w, 101, false, 512, NULL, &st) == 0, "retrieve");
+	CHECK(gpu_one_part(&g, 101, false, 512, NK, BPC, NULL, &st) == 0, "retrieve");
 	CHECK(kvs_complete(w, 101, true, 20000, &st) == 0, "complete retrieve");
 	CHECK(job_state(sc, 101) == KVS_JOB_COMMITTED, "retrieve not committed");
 	cu->cuMemcpyDtoH(now, (CUdeviceptr)(uintptr_t)dev, SIZE);
@@ -127,7 +79,7 @@ int main(void)
 
 	/* 2: an event that never fires */
 	uint64_t t0 = kvt_now_ms();
-	CHECK(part(w, 2, true, 64, &b, &st) == 0 && st == KVS_JOB_OPEN, "store after a never-firing event");
+	CHECK(gpu_one_part(&g, 2, true, 64, NK, BPC, &b.h, &st) == 0 && st == KVS_JOB_OPEN, "store after a never-firing event");
 	CHECK(kvs_complete(w, 2, true, 20000, &st) == 0, "complete");
 	int end = job_state(sc, 2);
 	uint64_t took = kvt_now_ms() - t0;
@@ -139,9 +91,8 @@ int main(void)
 	CHECK(kvt_stat(sc, "registrations") == 0, "registrations");
 	printf("never-firing event: job aborted after %llu ms (deadline 3000), lease released, unregister ok\n",
 	       (unsigned long long)took);
-	*b.word = 1; /* let the stream finish before teardown */
-	cu->cuStreamSynchronize(a.st);
-	cu->cuStreamSynchronize(b.st);
+	gpu_release(&a); /* fired already: its stream is done */
+	gpu_release(&b); /* let the stream finish before teardown */
 	CHECK(kvt_stat(sc, "requests") != UINT64_MAX, "server serving");
 	gpu_one_free(&g);
 	free(now);

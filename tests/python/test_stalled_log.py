@@ -126,7 +126,7 @@ class StalledLogTest(unittest.TestCase):
 
 class CrashTest(unittest.TestCase):
     """A crash does not lose the lines still queued: the fatal signal's
-    handler writes them before the default action (kvs_log_crash_flush).
+    handler writes them before the default action (kvs_log_fatal).
     Without it the lines behind a slow reader died with the process, the
     error that came right before a crash among them. SIGABRT stands for
     abort and a failed assertion; SIGBUS goes through the copy pool's own
