@@ -165,6 +165,7 @@ static int run_job(rank_ctx *r, bool store, uint64_t job, uint64_t run, uint64_t
 typedef struct rank_out {
 	int rc;
 	double t_store, t_retrieve;
+	double at_store[2], at_retrieve[2]; /* copy_child: each phase's start and end (kvb_now) */
 	uint32_t n_lat;
 	double lat_store[512], lat_retrieve[512];
 	double reply_store[512], reply_retrieve[512]; /* part sent -> its reply */
@@ -176,6 +177,7 @@ typedef struct copy_cfg {
 	uint64_t run;
 	uint32_t inflight; /* jobs in flight per rank (threads); 0/1 = one at a time */
 	bool one_msg;      /* store jobs: the complete on the part */
+	uint32_t barriers; /* rank_fn stops this many times: writes an int (rc), waits for go */
 } copy_cfg;
 
 typedef struct lane {
@@ -231,14 +233,21 @@ static void copy_child(const kvt_server *s, const copy_cfg *cc, uint32_t rank, i
 	if (write(out_fd, &out.rc, sizeof(out.rc)) < 0 || read(go_fd, &b, 1) != 1)
 		_exit(1);
 	/* gather every other block: what a real block table looks like */
-	double t0 = kvb_now();
+	out.at_store[0] = kvb_now();
 	if (!out.rc)
 		out.rc = run_lanes(&r, cc, &out, true);
-	out.t_store = kvb_now() - t0;
-	t0 = kvb_now();
+	out.at_store[1] = kvb_now();
+	out.t_store = out.at_store[1] - out.at_store[0];
+	/* every rank's stores ended before any retrieve starts (cc->barriers
+	 * is 1): the retrieve phase is measured alone, not beside the slowest
+	 * ranks' last stores */
+	if (write(out_fd, &out.rc, sizeof(out.rc)) < 0 || read(go_fd, &b, 1) != 1)
+		_exit(1);
+	out.at_retrieve[0] = kvb_now();
 	if (!out.rc)
 		out.rc = run_lanes(&r, cc, &out, false);
-	out.t_retrieve = kvb_now() - t0;
+	out.at_retrieve[1] = kvb_now();
+	out.t_retrieve = out.at_retrieve[1] - out.at_retrieve[0];
 	out.n_lat = cc->jobs < 512 ? cc->jobs : 512;
 	if (write(out_fd, &out, sizeof(out)) != sizeof(out))
 		_exit(1);
@@ -281,9 +290,16 @@ static int run_ranks(const kvt_server *s, const copy_cfg *cc, rank_fn fn, rank_o
 		if (read(p[i].res_fd, &r, sizeof(r)) != sizeof(r) || r)
 			rc = -1;
 	}
-	for (uint32_t i = 0; i < cc->ranks; i++)
-		if (write(p[i].cmd_fd, "g", 1) != 1)
-			rc = -1;
+	for (uint32_t k = 0; k <= cc->barriers; k++) {
+		for (uint32_t i = 0; i < cc->ranks; i++)
+			if (write(p[i].cmd_fd, "g", 1) != 1)
+				rc = -1;
+		for (uint32_t i = 0; k < cc->barriers && i < cc->ranks; i++) {
+			int r = -1;
+			if (read(p[i].res_fd, &r, sizeof(r)) != sizeof(r) || r)
+				rc = -1;
+		}
+	}
 	for (uint32_t i = 0; i < cc->ranks; i++) {
 		if (read(p[i].res_fd, &outs[i], sizeof(outs[i])) != sizeof(outs[i]) || outs[i].rc)
 			rc = -1;
@@ -365,19 +381,31 @@ static uint64_t copy_size(copy_cfg *cc, uint64_t block, uint64_t per_job, uint64
 
 /* Runs cc's ranks; returns the bytes moved by all ranks in each direction
  * and the slowest rank's store and retrieve times, or -1. */
+/* A phase's time: first start to last end over the ranks (one clock,
+ * CLOCK_MONOTONIC; the phases are apart: copy_child's barrier). */
+static double phase_span(const rank_out *outs, uint32_t ranks, bool store)
+{
+	double a = 0, z = 0;
+	for (uint32_t i = 0; i < ranks; i++) {
+		const double *t = store ? outs[i].at_store : outs[i].at_retrieve;
+		a = i == 0 || t[0] < a ? t[0] : a;
+		z = t[1] > z ? t[1] : z;
+	}
+	return z - a;
+}
+
 static int copy_measure(const kvt_server *s, const copy_cfg *cc, uint64_t chunk_bytes, const char *mode,
 			rank_out *outs, double *bytes, double *ts, double *tr)
 {
-	if (run_ranks(s, cc, copy_child, outs) != 0) {
+	copy_cfg c1 = *cc;
+	c1.barriers = 1;
+	if (run_ranks(s, &c1, copy_child, outs) != 0) {
 		fprintf(stderr, "%s: a rank failed at block %llu\n", mode, (unsigned long long)cc->g.block);
 		return -1;
 	}
 	*bytes = (double)chunk_bytes * cc->chunks * cc->jobs * cc->ranks;
-	*ts = *tr = 0;
-	for (uint32_t i = 0; i < cc->ranks; i++) {
-		*ts = outs[i].t_store > *ts ? outs[i].t_store : *ts;
-		*tr = outs[i].t_retrieve > *tr ? outs[i].t_retrieve : *tr;
-	}
+	*ts = phase_span(outs, cc->ranks, true);
+	*tr = phase_span(outs, cc->ranks, false);
 	return 0;
 }
 
