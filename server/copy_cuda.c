@@ -152,6 +152,8 @@ void kvs_cuda_engine_destroy(kvs_cuda_engine *e)
 	for (int d = 0; d < e->n_dev; d++) {
 		use(e, d);
 		CU(e, cuCtxSynchronize)(); /* shutdown: nothing else to serve */
+		/* normally released with the device's last registration */
+		kvs_cuda_stream_destroy(e, atomic_exchange(&e->h2d_pipe[d], NULL));
 		for (uint32_t i = 0; i < e->n_spare_stage[d]; i++)
 			CU(e, cuMemFree)(e->spare_stage[d][i]);
 	}
@@ -231,6 +233,24 @@ static bool stage_make(kvs_cuda_engine *e, kvs_cuda_stream *s)
 	return true;
 }
 
+/* The device's retrieve pipeline (h2d_pipe): a stream of its own kind, with
+ * staging, no completion stream (parts complete on their registration's). */
+static void pipe_make(kvs_cuda_engine *e, int device)
+{
+	kvs_cuda_stream *p = calloc(1, sizeof(*p));
+	if (!p)
+		return;
+	p->dev = device;
+	p->pipe = true;
+	if (CU(e, cuStreamCreate)(&p->s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) {
+		free(p);
+		return;
+	}
+	kvs_cuda_stream *none = NULL;
+	if (!stage_make(e, p) || !atomic_compare_exchange_strong(&e->h2d_pipe[device], &none, p))
+		kvs_cuda_stream_destroy(e, p); /* not counted in n_streams: p->pipe */
+}
+
 int kvs_cuda_stream_create(kvs_cuda_engine *e, int device, kvs_cuda_stream **ret)
 {
 	kvs_cuda_stream *s = calloc(1, sizeof(*s));
@@ -249,6 +269,13 @@ int kvs_cuda_stream_create(kvs_cuda_engine *e, int device, kvs_cuda_stream **ret
 	/* staging now, at register: made lazily by the first staged part it
 	 * cost that part up to 1.7 s behind the pinning at start-up (issue 18) */
 	stage_make(e, s);
+	pthread_mutex_lock(&e->mu);
+	e->n_streams[device]++;
+	pthread_mutex_unlock(&e->mu);
+	/* the device's retrieve pipe, with its first registration that has
+	 * staging (the setup thread makes and releases it) */
+	if (s->stage && !atomic_load(&e->h2d_pipe[device]))
+		pipe_make(e, device);
 	*ret = s;
 	return 0;
 }
@@ -274,6 +301,14 @@ void kvs_cuda_stream_destroy(kvs_cuda_engine *e, kvs_cuda_stream *s)
 	if (!s)
 		return;
 	use(e, s->dev);
+	kvs_cuda_stream *pipe = NULL;
+	if (!s->pipe) { /* a registration's: the last takes the pipe */
+		pthread_mutex_lock(&e->mu);
+		if (--e->n_streams[s->dev] == 0)
+			pipe = atomic_exchange(&e->h2d_pipe[s->dev], NULL);
+		pthread_mutex_unlock(&e->mu);
+	}
+	kvs_cuda_stream_destroy(e, pipe);
 	stream_retire(e, s->dma);
 	stream_retire(e, s->cb);
 	stream_retire(e, s->s);
@@ -737,27 +772,35 @@ static void submit_part(kvs_cuda_engine *e, kvs_cuda_stream *s, const kvs_copy_p
 	atomic_init(&f->refs, 1);
 	atomic_init(&f->claimed, false);
 	uint64_t t0 = kvs_now_ns();
+	kvs_cuda_stream *via = s; /* where a staged part runs: below */
 	if (use(e, s->dev) != 0) {
 		r = CUDA_ERROR_INVALID_CONTEXT;
 		goto fail;
 	}
 	int dir = staged_dir(e, part);
-	/* several registrations retrieving through staging at once (several
-	 * DMA queues reading host memory) measured slower than the kernel: 0.91
-	 * against 0.93 of the ceiling with 4 ranks; one alone is faster staged.
-	 * stage_min 0 means stage everything that can be (the suite's forced run) */
-	if (dir == DIR_H2D && e->stage_min && e->h2d_staged[s->dev] > s->h2d_staged)
-		dir = DIR_NONE;
 	if (dir != DIR_NONE && !stage_ready(e, s))
 		dir = DIR_NONE;
+	/* the streams and slots a staged part runs on: its registration's, or
+	 * for a retrieve the device's pipe, shared by every registration */
 	if (dir == DIR_H2D) {
-		f->h2d = s;
-		s->h2d_staged++;
-		e->h2d_staged[s->dev]++;
+		kvs_cuda_stream *p = atomic_load(&e->h2d_pipe[s->dev]);
+		if (p) {
+			via = p;
+		} else if (e->stage_min && e->h2d_staged[s->dev] > s->h2d_staged) {
+			/* no pipe: several registrations retrieving through their own
+			 * staging at once measured slower than the kernel (0.91
+			 * against 0.93 with 4 ranks), one alone faster. stage_min 0
+			 * stages everything that can be (the suite's forced run) */
+			dir = DIR_NONE;
+		} else {
+			f->h2d = s;
+			s->h2d_staged++;
+			e->h2d_staged[s->dev]++;
+		}
 	}
 	bool writes = part->dir == KVS_COPY_FROM_L1; /* retrieves write device memory */
 	/* the stream this submission starts on, and the one it ends on */
-	CUstream first = dir == DIR_H2D ? s->dma : s->s, final = dir == DIR_D2H ? s->dma : s->s;
+	CUstream first = dir == DIR_H2D ? via->dma : s->s, final = dir == DIR_D2H ? s->dma : via->s;
 	/* a submission that writes device memory, or follows one that did,
 	 * starts after the previous one (reads of device memory may overlap) */
 	/* a wave is ordered after earlier parts by the stream it shares with the last */
@@ -765,7 +808,7 @@ static void submit_part(kvs_cuda_engine *e, kvs_cuda_stream *s, const kvs_copy_p
 	if (s->stage && !ordered && (writes || !s->last_read_only) &&
 	    (r = CU(e, cuStreamWaitEvent)(first, s->last, 0)) != CUDA_SUCCESS)
 		goto fail;
-	r = dir != DIR_NONE ? submit_staged(e, s, tasks, nt, dir == DIR_D2H, f) : submit_direct(e, s, tasks, nt, f);
+	r = dir != DIR_NONE ? submit_staged(e, via, tasks, nt, dir == DIR_D2H, f) : submit_direct(e, s, tasks, nt, f);
 	if (r != CUDA_SUCCESS)
 		goto fail;
 	f->t_submit = kvs_now_ns();
@@ -811,6 +854,10 @@ fail:
 		CU(e, cuStreamSynchronize)(s->dma);
 	if (s->cb)
 		CU(e, cuStreamSynchronize)(s->cb);
+	if (via != s) {
+		CU(e, cuStreamSynchronize)(via->s);
+		CU(e, cuStreamSynchronize)(via->dma);
+	}
 	put_buf(e, f->buf);
 	f->buf = NULL;
 	e->st.errors++;

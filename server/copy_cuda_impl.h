@@ -112,6 +112,7 @@ struct kvs_cuda_stream {
 	CUstream cont_first; /* the stream that wave started on */
 	uint32_t h2d_staged; /* staged retrieve parts in flight */
 	bool stage_off;      /* staging unavailable on this stream */
+	bool pipe;           /* the engine's h2d_pipe of dev, not a registration's */
 };
 
 struct kvs_cuda_engine {
@@ -174,7 +175,18 @@ struct kvs_cuda_engine {
 	 * never wait for (freed at engine destroy) */
 	CUdeviceptr spare_stage[MAX_DEV][4];
 	uint32_t n_spare_stage[MAX_DEV];
-	uint32_t h2d_staged[MAX_DEV]; /* staged retrieve parts in flight per device */
+	uint32_t h2d_staged[MAX_DEV]; /* staged retrieve parts in flight per device (without a pipe) */
+	/* Every registration's staged retrieves of a device go through one
+	 * pipeline (DMA stream, kernel stream, staging slots) in submission
+	 * order: several DMA queues reading host memory at once measured 0.90
+	 * of the PCIe ceiling where one queue with as many parts in flight made
+	 * 0.96 (architecture.md §11). Made with the device's first registration
+	 * and released with its last (setup thread, under mu: n_streams); the
+	 * loop reads it only while submitting a part of a live registration of
+	 * that device, so it is never released under the loop. NULL: none (no
+	 * staging memory), retrieves stage per registration as before. */
+	_Atomic(kvs_cuda_stream *) h2d_pipe[MAX_DEV];
+	uint32_t n_streams[MAX_DEV]; /* registrations' streams per device (mu) */
 	uint64_t dma_min;
 	uint64_t stage_bytes, stage_min; /* per registration; mean host extent */
 	pthread_mutex_t mu; /* spare_stage, n_spare_stage and st's staging gauges: streams are
