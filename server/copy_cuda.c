@@ -222,7 +222,9 @@ static bool stage_make(kvs_cuda_engine *e, kvs_cuda_stream *s)
 	if (r != CUDA_SUCCESS) {
 		s->stage = 0;
 		s->stage_off = true; /* the events and stream go with the stream */
-		kvs_warn("no %llu MiB of staging memory on device %d (%s): this registration's copies use the kernel",
+		kvs_warn(s->pipe ? "no %llu MiB of staging memory on device %d (%s) for the retrieve pipe: retrieves "
+				   "stage per registration"
+				 : "no %llu MiB of staging memory on device %d (%s): this registration's copies use the kernel",
 			 (unsigned long long)(e->stage_bytes >> 20), s->dev, kvs_cuda_strerror(r));
 		return false;
 	}
@@ -783,7 +785,9 @@ static void submit_part(kvs_cuda_engine *e, kvs_cuda_stream *s, const kvs_copy_p
 	/* the streams and slots a staged part runs on: its registration's, or
 	 * for a retrieve the device's pipe, shared by every registration */
 	if (dir == DIR_H2D) {
-		kvs_cuda_stream *p = atomic_load(&e->h2d_pipe[s->dev]);
+		/* (the pipe's kernel stream must not carry the part's host
+		 * function: without a completion stream, the rule without a pipe) */
+		kvs_cuda_stream *p = s->cb ? atomic_load(&e->h2d_pipe[s->dev]) : NULL;
 		if (p) {
 			via = p;
 		} else if (e->stage_min && e->h2d_staged[s->dev] > s->h2d_staged) {

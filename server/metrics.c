@@ -249,7 +249,7 @@ static const family families[] = {
 	{"cuda_staged_bytes_total", "counter", "Bytes copied through device staging (kernel + DMA).", 0,
 	 {{"cuda_staged_bytes", ""}}},
 	{"cuda_errors_total", "counter", "CUDA errors (each failed a job part).", 0, {{"cuda_errors", ""}}},
-	{"cuda_staging_bytes", "gauge", "Device memory held for staged copies (all registrations).", 0,
+	{"cuda_staging_bytes", "gauge", "Device memory held for staged copies (all registrations and each GPU's retrieve pipe).", 0,
 	 {{"cuda_staging_bytes", ""}}},
 	{"cuda_pinned_bytes", "gauge", "L1 arena bytes registered with CUDA.", 0,
 	 {{"cuda_pinned_bytes", ""}}},

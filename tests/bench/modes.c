@@ -379,8 +379,6 @@ static uint64_t copy_size(copy_cfg *cc, uint64_t block, uint64_t per_job, uint64
 	return chunk_bytes;
 }
 
-/* Runs cc's ranks; returns the bytes moved by all ranks in each direction
- * and the slowest rank's store and retrieve times, or -1. */
 /* A phase's time: first start to last end over the ranks (one clock,
  * CLOCK_MONOTONIC; the phases are apart: copy_child's barrier). */
 static double phase_span(const rank_out *outs, uint32_t ranks, bool store)
@@ -394,6 +392,8 @@ static double phase_span(const rank_out *outs, uint32_t ranks, bool store)
 	return z - a;
 }
 
+/* Runs cc's ranks; returns the bytes moved by all ranks in each direction
+ * and each phase's time (phase_span), or -1. */
 static int copy_measure(const kvt_server *s, const copy_cfg *cc, uint64_t chunk_bytes, const char *mode,
 			rank_out *outs, double *bytes, double *ts, double *tr)
 {
