@@ -716,14 +716,11 @@ void kvs_cuda_submit(kvs_cuda_engine *e, kvs_cuda_stream *s, const kvs_copy_part
 	 * comes back here, rather than the loop waiting for the slices in
 	 * progress (every request stood still meanwhile: up to 46 ms at the
 	 * first job after a start, benchmarks.md) */
-	bool g = false;
-	if (atomic_load(&e->pin_left) != 0) {
-		if (pthread_rwlock_trywrlock(&e->gate) != 0) {
-			e->st.gate_waits++;
-			cuda_wait_gate(e, s, part);
-			return;
-		}
-		g = true;
+	bool g;
+	if (!gate_try(e, &g)) {
+		e->st.gate_waits++;
+		cuda_wait_gate(e, s, part);
+		return;
 	}
 	submit_part(e, s, part);
 	gate_leave(e, g);

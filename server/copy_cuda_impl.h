@@ -207,6 +207,19 @@ static inline bool gate_enter(kvs_cuda_engine *e)
 	return true;
 }
 
+/* gate_enter without waiting: false when a pin thread is in the driver
+ * (nothing taken); else true, with *taken as gate_enter would return it. */
+static inline bool gate_try(kvs_cuda_engine *e, bool *taken)
+{
+	*taken = false;
+	if (atomic_load(&e->pin_left) == 0)
+		return true;
+	if (pthread_rwlock_trywrlock(&e->gate) != 0)
+		return false;
+	*taken = true;
+	return true;
+}
+
 static inline void gate_leave(kvs_cuda_engine *e, bool taken)
 {
 	if (taken)

@@ -81,8 +81,9 @@ static void *wait_main(void *arg)
 			} else if (w->what == W_GATE) {
 				/* free now: no pin thread is in the driver, and none
 				 * starts a slice while the part counts as in flight */
-				if (pthread_rwlock_trywrlock(&e->gate) == 0) {
-					pthread_rwlock_unlock(&e->gate);
+				bool g;
+				if (gate_try(e, &g)) {
+					gate_leave(e, g);
 					res = 0;
 				} else if (w->deadline_ms && now >= w->deadline_ms) {
 					res = KVS_E_TIMEOUT;

@@ -164,7 +164,7 @@ static int run_job(rank_ctx *r, bool store, uint64_t job, uint64_t run, uint64_t
 
 typedef struct rank_out {
 	int rc;
-	double t_store, t_retrieve;
+	double t_store; /* control_child, wb_child: the stores' time */
 	double at_store[2], at_retrieve[2]; /* copy_child: each phase's start and end (kvb_now) */
 	uint32_t n_lat;
 	double lat_store[512], lat_retrieve[512];
@@ -237,7 +237,6 @@ static void copy_child(const kvt_server *s, const copy_cfg *cc, uint32_t rank, i
 	if (!out.rc)
 		out.rc = run_lanes(&r, cc, &out, true);
 	out.at_store[1] = kvb_now();
-	out.t_store = out.at_store[1] - out.at_store[0];
 	/* every rank's stores ended before any retrieve starts (cc->barriers
 	 * is 1): the retrieve phase is measured alone, not beside the slowest
 	 * ranks' last stores */
@@ -247,7 +246,6 @@ static void copy_child(const kvt_server *s, const copy_cfg *cc, uint32_t rank, i
 	if (!out.rc)
 		out.rc = run_lanes(&r, cc, &out, false);
 	out.at_retrieve[1] = kvb_now();
-	out.t_retrieve = out.at_retrieve[1] - out.at_retrieve[0];
 	out.n_lat = cc->jobs < 512 ? cc->jobs : 512;
 	if (write(out_fd, &out, sizeof(out)) != sizeof(out))
 		_exit(1);
