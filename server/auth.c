@@ -29,6 +29,9 @@ struct kvs_auth {
 	char sec_z85[KEY_Z85 + 1];
 	char keys_path[512];
 	struct timespec keys_mtime;
+	uint64_t keys_size;
+	uint64_t next_reload_ms; /* kvs_auth_tick's next look at the file */
+	uint64_t reloads, revoked;
 	bool keys_loaded;
 	akey *keys;
 	uint32_t n_keys;
@@ -96,52 +99,112 @@ static int load_server_key(kvs_auth *a, const char *dir)
 	return 0;
 }
 
-/* authorized-keys: "<z85 public key> [admin] [# comment]" per line. Re-read
- * when its mtime changes; a missing file admits no key. */
-static void load_keys(kvs_auth *a)
+static int key_cmp(const void *x, const void *y) { return memcmp(((const akey *)x)->pub, ((const akey *)y)->pub, 32); }
+
+/* One line of authorized-keys (NUL-terminated, any length): 1 with the key
+ * in *k, 0 for a blank or comment line, -1 for a line that is not a key. */
+static int parse_key_line(char *line, akey *k)
+{
+	/* a comment starts at a '#' that begins a word: z85 keys contain '#' */
+	for (char *h = line; *h; h++)
+		if (*h == '#' && (h == line || h[-1] == ' ' || h[-1] == '\t')) {
+			*h = '\0';
+			break;
+		}
+	char *words[3] = {NULL, NULL, NULL};
+	int nw = 0;
+	for (char *p = line; *p;) {
+		while (*p == ' ' || *p == '\t' || *p == '\r' || *p == '\n')
+			*p++ = '\0';
+		if (!*p)
+			break;
+		if (nw == 3)
+			return -1; /* more words than "<key> admin" */
+		words[nw++] = p;
+		while (*p && *p != ' ' && *p != '\t' && *p != '\r' && *p != '\n')
+			p++;
+	}
+	if (nw == 0)
+		return 0;
+	if (strlen(words[0]) != KEY_Z85 || !zmq_z85_decode(k->pub, words[0]))
+		return -1;
+	if (nw == 2 && strcmp(words[1], "admin") != 0)
+		return -1; /* an unknown flag: refused rather than taken as a plain key */
+	if (nw > 2)
+		return -1;
+	k->admin = nw == 2;
+	return 1;
+}
+
+/* authorized-keys: "<z85 public key> [admin] [# comment]" per line, lines of
+ * any length (getline: a long comment line is one line, never several).
+ * Re-read when its mtime or size changes; a missing file admits no key. The
+ * keys are kept sorted (kvs_auth_peer looks up every message's key). */
+static bool load_keys(kvs_auth *a)
 {
 	struct stat st;
 	if (stat(a->keys_path, &st) != 0) {
-		if (a->keys_loaded || !a->n_keys)
-			a->n_keys = 0;
+		bool had = a->n_keys > 0;
+		a->n_keys = 0;
 		a->keys_loaded = false;
-		return;
+		return had;
 	}
-	if (a->keys_loaded && st.st_mtim.tv_sec == a->keys_mtime.tv_sec && st.st_mtim.tv_nsec == a->keys_mtime.tv_nsec)
-		return;
+	if (a->keys_loaded && st.st_mtim.tv_sec == a->keys_mtime.tv_sec &&
+	    st.st_mtim.tv_nsec == a->keys_mtime.tv_nsec && (uint64_t)st.st_size == a->keys_size)
+		return false;
 	FILE *f = fopen(a->keys_path, "r");
 	if (!f)
-		return;
+		return false;
 	if (!a->keys && !(a->keys = calloc(MAX_KEYS, sizeof(*a->keys)))) {
 		fclose(f);
-		return;
+		return false;
 	}
-	uint32_t n = 0, bad = 0;
-	char line[512];
-	while (fgets(line, sizeof(line), f) && n < MAX_KEYS) {
-		/* a comment starts at a '#' that begins a word: z85 keys contain '#' */
-		for (char *h = line; *h; h++)
-			if (*h == '#' && (h == line || h[-1] == ' ' || h[-1] == '\t')) {
-				*h = '\0';
-				break;
-			}
-		char key[64] = "", flag[32] = "";
-		int got = sscanf(line, "%63s %31s", key, flag);
-		if (got < 1)
-			continue;
-		if (strlen(key) != KEY_Z85 || !zmq_z85_decode(a->keys[n].pub, key)) {
+	uint32_t n = 0, bad = 0, lineno = 0;
+	char *line = NULL;
+	size_t cap = 0;
+	ssize_t got;
+	while ((got = getline(&line, &cap, f)) >= 0 && n < MAX_KEYS) {
+		lineno++;
+		if (memchr(line, '\0', (size_t)got)) { /* a NUL would hide the rest of the line */
 			bad++;
 			continue;
 		}
-		a->keys[n].admin = got == 2 && strcmp(flag, "admin") == 0;
-		n++;
+		int r = parse_key_line(line, &a->keys[n]);
+		if (r < 0) {
+			if (bad++ == 0)
+				kvs_warn("%s:%u: not \"<z85 key> [admin]\": line ignored", a->keys_path, lineno);
+			continue;
+		}
+		n += (uint32_t)r;
 	}
+	free(line);
 	fclose(f);
+	qsort(a->keys, n, sizeof(*a->keys), key_cmp);
 	a->n_keys = n;
 	a->keys_mtime = st.st_mtim;
+	a->keys_size = (uint64_t)st.st_size;
 	a->keys_loaded = true;
-	kvs_info("authorized keys: %u from %s%s", n, a->keys_path, bad ? " (some lines are not z85 keys: ignored)" : "");
+	a->reloads++;
+	kvs_info("authorized keys: %u from %s%s", n, a->keys_path, bad ? " (some lines are not keys: ignored)" : "");
+	return true;
 }
+
+static const akey *find_key(const kvs_auth *a, const uint8_t pub[32])
+{
+	akey k;
+	memcpy(k.pub, pub, 32);
+	return a->n_keys ? bsearch(&k, a->keys, a->n_keys, sizeof(*a->keys), key_cmp) : NULL;
+}
+
+bool kvs_auth_tick(kvs_auth *a, uint64_t now_ms)
+{
+	if (!a->curve || now_ms < a->next_reload_ms)
+		return false;
+	a->next_reload_ms = now_ms + KVS_AUTH_RELOAD_MS;
+	return load_keys(a);
+}
+
+bool kvs_auth_key_ok(const kvs_auth *a, const uint8_t pub[32]) { return find_key(a, pub) != NULL; }
 
 int kvs_auth_create(void *zctx, const kvs_server_config *cfg, kvs_auth **ret)
 {
@@ -257,18 +320,23 @@ void kvs_auth_zap_ready(kvs_auth *a)
 			zmq_msg_close(&x);
 		}
 		const char *status = "400", *text = "bad request", *user = "";
+		char user_buf[2 + KEY_Z85 + 1];
 		if (n >= 7 && zmq_msg_size(&f[5]) == 5 && memcmp(zmq_msg_data(&f[5]), "CURVE", 5) == 0 &&
 		    zmq_msg_size(&f[6]) == 32) {
 			load_keys(a);
 			status = "400";
 			text = "key not authorized";
-			for (uint32_t i = 0; i < a->n_keys; i++)
-				if (memcmp(a->keys[i].pub, zmq_msg_data(&f[6]), 32) == 0) {
-					status = "200";
-					text = "OK";
-					user = a->keys[i].admin ? "admin" : "client";
-					break;
-				}
+			const akey *k = find_key(a, zmq_msg_data(&f[6]));
+			if (k) {
+				status = "200";
+				text = "OK";
+				/* "<kind> <z85 key>": every message of the connection
+				 * names its key, checked against the file as it is now */
+				user_buf[0] = k->admin ? 'A' : 'C';
+				user_buf[1] = ' ';
+				zmq_z85_encode(user_buf + 2, k->pub, 32);
+				user = user_buf;
+			}
 			if (status[0] != '2')
 				a->refused++;
 		} else if (n >= 6 && zmq_msg_size(&f[5]) == 4 && memcmp(zmq_msg_data(&f[5]), "NULL", 4) == 0) {
@@ -287,13 +355,19 @@ void kvs_auth_zap_ready(kvs_auth *a)
 	}
 }
 
-kvs_peer_kind kvs_auth_peer(kvs_auth *a, zmq_msg_t *msg)
+kvs_peer_kind kvs_auth_peer(kvs_auth *a, zmq_msg_t *msg, uint8_t key[32])
 {
 	const char *uid = zmq_msg_gets(msg, "User-Id");
-	if (uid && strcmp(uid, "admin") == 0)
-		return KVS_PEER_ADMIN_KEY;
-	if (uid && strcmp(uid, "client") == 0)
-		return KVS_PEER_KEY;
+	if (uid && (uid[0] == 'A' || uid[0] == 'C') && uid[1] == ' ' && strlen(uid + 2) == KEY_Z85 &&
+	    zmq_z85_decode(key, uid + 2)) {
+		const akey *k = find_key(a, key);
+		if (!k) {
+			a->revoked++;
+			return KVS_PEER_REVOKED;
+		}
+		/* the file's flag now, not the one of the handshake */
+		return k->admin ? KVS_PEER_ADMIN_KEY : KVS_PEER_KEY;
+	}
 	if (uid && strcmp(uid, "insecure") == 0)
 		return KVS_PEER_INSECURE;
 	/* no User-Id: an ipc peer, "<host>:<uid>:<gid>:<pid>" from SO_PEERCRED
@@ -314,3 +388,4 @@ kvs_peer_kind kvs_auth_peer(kvs_auth *a, zmq_msg_t *msg)
 
 const char *kvs_auth_public_key(const kvs_auth *a) { return a->curve ? a->pub_z85 : NULL; }
 uint64_t kvs_auth_refused(const kvs_auth *a) { return a->refused; }
+uint64_t kvs_auth_revoked(const kvs_auth *a) { return a->revoked; }

@@ -143,6 +143,8 @@ void kvs__broker_close(kvs_server *srv)
 	}
 }
 
+atomic_uint_fast64_t kvs_accept_shed;
+
 void kvs__broker_accept(kvs_server *srv)
 {
 	for (;;) {

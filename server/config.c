@@ -95,6 +95,8 @@ static const kvs_config_key keys[] = {
 	{"kv-events-topic", KVS_CFG_STR, STRF(kv_events_topic), 0, 0, "TOPIC", "topic frame of every KV-event batch"},
 	{"kv-events-buffer", KVS_CFG_COUNT, F(kv_events_buffer), sizeof(uint32_t), 1, 1u << 20, "N",
 	 "KV-event batches kept for replay"},
+	{"kv-events-buffer-bytes", KVS_CFG_SIZE, F(kv_events_buffer_bytes), 0, 64ull << 10, 16ull << 30, "BYTES",
+	 "payload bytes those batches may hold (the oldest go first)"},
 	{"log-format", KVS_CFG_LOGFMT, F(log_format), 0, 0, 0, "FORMAT",
 	 "text (ISO 8601 UTC time, level, module, message) or json (one object per line)"},
 	{"cuda-staging", KVS_CFG_SIZE, F(cuda_staging), 0, 0, 1ull << 40, "BYTES",
@@ -511,6 +513,11 @@ int kvs_config_load(kvs_server_config *cfg, const char *path, char *err, size_t 
 				snprintf(err, cap, "%s:%zu: expected a mapping of setting: value", path, line);
 				break;
 			}
+			if (memchr(ev.data.scalar.value, '\0', ev.data.scalar.length)) {
+				r = -EINVAL;
+				snprintf(err, cap, "%s:%zu: a setting's name contains a NUL character", path, line);
+				break;
+			}
 			char name[64];
 			snprintf(name, sizeof(name), "%s", (const char *)ev.data.scalar.value);
 			const kvs_config_key *k = kvs_config_find(name);
@@ -538,6 +545,12 @@ int kvs_config_load(kvs_server_config *cfg, const char *path, char *err, size_t 
 				r = -EINVAL;
 				snprintf(err, cap, "%s:%zu: %s: expected a single value, got %s", path, line,
 					 k->name, event_what(val.type));
+			} else if (memchr(val.data.scalar.value, '\0', val.data.scalar.length)) {
+				/* ("\0" in a double-quoted string): the C string would end
+				 * there and the rest be silently cut */
+				r = -EINVAL;
+				snprintf(err, cap, "%s:%zu: %s: the value contains a NUL character", path, line,
+					 k->name);
 			} else if (is_null(&val) && k->type != KVS_CFG_STR && k->type != KVS_CFG_UID) {
 				r = -EINVAL;
 				snprintf(err, cap, "%s:%zu: %s: no value", path, line, k->name);

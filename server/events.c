@@ -24,15 +24,43 @@ typedef struct pend {
 	uint32_t n, cap;
 } pend;
 
-/* A published batch kept for replay. */
+/* A published batch kept for replay: its payload in a ZeroMQ message whose
+ * content every send shares (zmq_msg_copy counts a reference, it copies no
+ * bytes), so a replay to any number of peers costs no copy of the ring. */
 typedef struct kept {
 	uint64_t seq;
-	void *buf;
+	zmq_msg_t msg;
 	size_t len;
 } kept;
 
-/* Invariants: ring holds the last min(published, keep) batches, oldest at
- * head; next_seq is the sequence number of the next batch. */
+/* A replay in progress: the batches [next, end) still to send to one peer.
+ * end is the next sequence number when the request came: a replay ends even
+ * while batches keep coming. */
+typedef struct replay_cur {
+	uint8_t id[256]; /* the peer's routing id */
+	size_t idl;
+	uint64_t next, end;
+	uint64_t progress_ms; /* when the peer last took a batch (or the request came) */
+	bool blocked;         /* the peer's queue was full: tried again at the tick */
+} replay_cur;
+
+/* Bounds of replay: replays in progress at once (more requests get the end
+ * marker alone), batches sent per loop pass over all of them (the loop's
+ * other work never waits behind a replay of the whole ring), requests read
+ * per pass, a peer's send queue (messages; ROUTER_MANDATORY: a full queue
+ * says EAGAIN and the replay waits), and how long a replay may make no
+ * progress before it is dropped (a peer that never reads). */
+#define REPLAY_MAX 16
+#define REPLAY_PASS 64
+#define REPLAY_REQS_PASS 64
+#define REPLAY_SNDHWM 1000
+#define REPLAY_STALL_MS 5000
+
+/* Invariants: ring holds the last published batches, oldest at head, at most
+ * keep of them and at most keep_bytes bytes of payload (ring_bytes; at 160 k
+ * stores a second a bound by count alone let the ring reach 2.6 GiB);
+ * their sequence numbers are consecutive; next_seq is the sequence number of
+ * the next batch. curs[0..n_curs) are the replays in progress, one per peer. */
 struct kvs_events {
 	void *pub, *replay;
 	char topic[128];
@@ -40,7 +68,10 @@ struct kvs_events {
 	uint32_t n_pending, cap_pending;
 	kept *ring;
 	uint32_t keep, head, count;
+	uint64_t ring_bytes, keep_bytes;
 	uint64_t next_seq;
+	replay_cur curs[REPLAY_MAX];
+	uint32_t n_curs, rr; /* rr: where the next pass starts (round robin) */
 	kvs_events_stats st;
 	/* chunk tokens last seen per (namespace digest, world): L2 completions
 	 * know the object, not its registration */
@@ -90,7 +121,7 @@ static void remember(kvs_events *e, const uint8_t chunk[32], const uint8_t hash[
 }
 
 int kvs_events_open(void *zctx, const char *pub, const char *replay, const char *topic, uint32_t keep,
-		    bool with_l2, kvs_events **ret, char *err, size_t errlen)
+		    uint64_t keep_bytes, bool with_l2, kvs_events **ret, char *err, size_t errlen)
 {
 	kvs_events *e = calloc(1, sizeof(*e));
 	if (!e || !(e->ring = calloc(keep ? keep : 1, sizeof(*e->ring)))) {
@@ -99,6 +130,7 @@ int kvs_events_open(void *zctx, const char *pub, const char *replay, const char 
 		return -ENOMEM;
 	}
 	e->keep = keep ? keep : 1;
+	e->keep_bytes = keep_bytes;
 	e->with_l2 = with_l2;
 	snprintf(e->topic, sizeof(e->topic), "%s", topic ? topic : "");
 	int zero = 0;
@@ -111,7 +143,10 @@ int kvs_events_open(void *zctx, const char *pub, const char *replay, const char 
 	}
 	if (replay && replay[0]) {
 		e->replay = zmq_socket(zctx, ZMQ_ROUTER);
+		int one = 1, hwm = REPLAY_SNDHWM;
 		if (!e->replay || zmq_setsockopt(e->replay, ZMQ_LINGER, &zero, sizeof(zero)) != 0 ||
+		    zmq_setsockopt(e->replay, ZMQ_ROUTER_MANDATORY, &one, sizeof(one)) != 0 ||
+		    zmq_setsockopt(e->replay, ZMQ_SNDHWM, &hwm, sizeof(hwm)) != 0 ||
 		    zmq_bind(e->replay, replay) != 0) {
 			int r = -errno;
 			snprintf(err, errlen, "kv-events-replay: cannot bind %s: %s", replay, zmq_strerror(errno));
@@ -135,7 +170,7 @@ void kvs_events_close(kvs_events *e)
 		free(e->pending[i].keys);
 	free(e->pending);
 	for (uint32_t i = 0; i < e->count; i++)
-		free(e->ring[(e->head + i) % e->keep].buf);
+		zmq_msg_close(&e->ring[(e->head + i) % e->keep].msg);
 	free(e->ring);
 	forget_all(e);
 	kvs_htab_destroy(e->hashes);
@@ -270,6 +305,12 @@ static void seq_bytes(uint64_t seq, uint8_t out[8])
 		out[i] = (uint8_t)seq;
 }
 
+static void free_payload(void *data, void *hint)
+{
+	(void)hint;
+	free(data);
+}
+
 void kvs_events_flush(kvs_events *e)
 {
 	if (!e || !e->n_pending)
@@ -293,18 +334,31 @@ void kvs_events_flush(kvs_events *e)
 	int r = n ? kvs_kvevents_encode(evs, n, (double)ts.tv_sec + ts.tv_nsec / 1e9, &buf, &len) : -ENOENT;
 	free(evs);
 	if (r == 0) {
+		kept k = {.seq = e->next_seq, .len = len};
+		if (zmq_msg_init_data(&k.msg, buf, len, free_payload, NULL) != 0) {
+			free(buf);
+			goto drop;
+		}
 		uint8_t sb[8];
 		seq_bytes(e->next_seq, sb);
 		/* PUB never blocks: a slow subscriber loses messages (replay covers it) */
+		zmq_msg_t out;
+		zmq_msg_init(&out);
+		zmq_msg_copy(&out, &k.msg);
 		zmq_send(e->pub, e->topic, strlen(e->topic), ZMQ_SNDMORE | ZMQ_DONTWAIT);
 		zmq_send(e->pub, sb, 8, ZMQ_SNDMORE | ZMQ_DONTWAIT);
-		zmq_send(e->pub, buf, len, ZMQ_DONTWAIT);
-		if (e->count == e->keep) {
-			free(e->ring[e->head].buf);
+		if (zmq_msg_send(&out, e->pub, ZMQ_DONTWAIT) < 0)
+			zmq_msg_close(&out);
+		while (e->count && (e->count == e->keep || e->ring_bytes + len > e->keep_bytes)) {
+			kept *old = &e->ring[e->head];
+			e->ring_bytes -= old->len;
+			zmq_msg_close(&old->msg);
 			e->head = (e->head + 1) % e->keep;
 			e->count--;
+			e->st.ring_dropped++;
 		}
-		e->ring[(e->head + e->count++) % e->keep] = (kept){.seq = e->next_seq, .buf = buf, .len = len};
+		e->ring[(e->head + e->count++) % e->keep] = k;
+		e->ring_bytes += len;
 		e->next_seq++;
 		e->st.batches++;
 		e->st.events += n;
@@ -343,11 +397,45 @@ static bool recv_request(void *s, zmq_msg_t *id, uint8_t last[8], size_t *last_l
 	return true;
 }
 
-void kvs_events_replay(kvs_events *e)
+static const uint8_t END_SEQ[8] = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff};
+
+/* Sends one (delimiter, topic, seq, payload) to a peer: 0, -EAGAIN when its
+ * queue is full (nothing sent), or -errno (the peer is gone). A ROUTER
+ * checks the queue at the first frame only: once that is taken, the rest
+ * of the message is too. */
+static int send_to(kvs_events *e, const replay_cur *c, const void *topic, size_t tl, const uint8_t seq[8],
+		   zmq_msg_t *payload)
 {
-	if (!e || !e->replay)
-		return;
-	for (;;) {
+	if (zmq_send(e->replay, c->id, c->idl, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0)
+		return -errno;
+	zmq_send(e->replay, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT);
+	zmq_send(e->replay, topic, tl, ZMQ_SNDMORE | ZMQ_DONTWAIT);
+	zmq_send(e->replay, seq, 8, ZMQ_SNDMORE | ZMQ_DONTWAIT);
+	if (payload) {
+		zmq_msg_t m;
+		zmq_msg_init(&m);
+		zmq_msg_copy(&m, payload);
+		if (zmq_msg_send(&m, e->replay, ZMQ_DONTWAIT) < 0)
+			zmq_msg_close(&m);
+	} else {
+		zmq_send(e->replay, "", 0, ZMQ_DONTWAIT);
+	}
+	return 0;
+}
+
+static void cur_drop(kvs_events *e, uint32_t i)
+{
+	e->curs[i] = e->curs[--e->n_curs];
+	if (e->rr >= e->n_curs)
+		e->rr = 0;
+}
+
+/* Takes the waiting requests (at most REPLAY_REQS_PASS): each starts a
+ * replay, or replaces its peer's replay in progress; a malformed request,
+ * or one beyond REPLAY_MAX replays, gets the end marker alone. */
+static void take_requests(kvs_events *e, uint64_t now_ms)
+{
+	for (int budget = 0; budget < REPLAY_REQS_PASS; budget++) {
 		zmq_msg_t id;
 		zmq_msg_init(&id);
 		uint8_t start[8];
@@ -356,40 +444,113 @@ void kvs_events_replay(kvs_events *e)
 			zmq_msg_close(&id);
 			return;
 		}
-		uint64_t from = 0;
-		bool ok = sl == 8;
-		for (int i = 0; ok && i < 8; i++)
-			from = from << 8 | start[i];
-		const void *idp = zmq_msg_data(&id);
-		size_t idl = zmq_msg_size(&id);
-		for (uint32_t i = 0; ok && i < e->count; i++) {
-			kept *k = &e->ring[(e->head + i) % e->keep];
-			if (k->seq < from)
-				continue;
-			uint8_t sb[8];
-			seq_bytes(k->seq, sb);
-			zmq_send(e->replay, idp, idl, ZMQ_SNDMORE | ZMQ_DONTWAIT);
-			zmq_send(e->replay, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT);
-			zmq_send(e->replay, e->topic, strlen(e->topic), ZMQ_SNDMORE | ZMQ_DONTWAIT);
-			zmq_send(e->replay, sb, 8, ZMQ_SNDMORE | ZMQ_DONTWAIT);
-			zmq_send(e->replay, k->buf, k->len, ZMQ_DONTWAIT);
+		e->st.replay_requests++;
+		replay_cur c = {.idl = zmq_msg_size(&id), .end = e->next_seq, .progress_ms = now_ms};
+		if (c.idl > sizeof(c.id)) { /* (ZeroMQ routing ids are at most 255 bytes) */
+			zmq_msg_close(&id);
+			continue;
 		}
-		/* the end marker: sequence -1 (a malformed request gets it alone) */
-		static const uint8_t end[8] = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff};
-		zmq_send(e->replay, idp, idl, ZMQ_SNDMORE | ZMQ_DONTWAIT);
-		zmq_send(e->replay, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT);
-		zmq_send(e->replay, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT);
-		zmq_send(e->replay, end, 8, ZMQ_SNDMORE | ZMQ_DONTWAIT);
-		zmq_send(e->replay, "", 0, ZMQ_DONTWAIT);
-		e->st.replays++;
+		memcpy(c.id, zmq_msg_data(&id), c.idl);
 		zmq_msg_close(&id);
+		for (int i = 0; sl == 8 && i < 8; i++)
+			c.next = c.next << 8 | start[i];
+		uint32_t at = 0;
+		while (at < e->n_curs && (e->curs[at].idl != c.idl || memcmp(e->curs[at].id, c.id, c.idl) != 0))
+			at++;
+		if (sl != 8 || (at == e->n_curs && e->n_curs == REPLAY_MAX)) {
+			if (sl == 8)
+				e->st.replays_refused++;
+			(void)send_to(e, &c, "", 0, END_SEQ, NULL);
+			continue;
+		}
+		if (at == e->n_curs)
+			e->n_curs++;
+		e->curs[at] = c;
 	}
 }
 
+/* Sends what the replay at i can take now: false when it ended (done, or
+ * its peer gone) and was dropped. */
+static bool cur_step(kvs_events *e, uint32_t i, uint64_t now_ms, uint32_t *budget)
+{
+	replay_cur *c = &e->curs[i];
+	uint64_t first = e->count ? e->ring[e->head].seq : e->next_seq;
+	if (c->next < first)
+		c->next = first; /* dropped from the ring meanwhile: the peer sees the gap */
+	while (*budget && c->next < c->end) {
+		kept *k = &e->ring[(e->head + (uint32_t)(c->next - first)) % e->keep];
+		uint8_t sb[8];
+		seq_bytes(k->seq, sb);
+		int r = send_to(e, c, e->topic, strlen(e->topic), sb, &k->msg);
+		if (r == -EAGAIN) {
+			c->blocked = true;
+			return true;
+		}
+		if (r < 0) { /* unreachable: the peer went away */
+			e->st.replays_dropped++;
+			cur_drop(e, i);
+			return false;
+		}
+		c->blocked = false;
+		c->progress_ms = now_ms;
+		c->next++;
+		(*budget)--;
+		e->st.replay_batches++;
+	}
+	if (c->next < c->end)
+		return true;
+	int r = send_to(e, c, "", 0, END_SEQ, NULL);
+	if (r == -EAGAIN) {
+		c->blocked = true;
+		return true;
+	}
+	e->st.replays += r == 0;
+	e->st.replays_dropped += r != 0;
+	cur_drop(e, i);
+	return false;
+}
+
+bool kvs_events_replay(kvs_events *e, uint64_t now_ms, bool readable)
+{
+	if (!e || !e->replay)
+		return false;
+	if (readable)
+		take_requests(e, now_ms);
+	/* one batch at a time round the replays, REPLAY_PASS in all */
+	uint32_t budget = REPLAY_PASS;
+	bool progress = true;
+	while (budget && e->n_curs && progress) {
+		progress = false;
+		for (uint32_t n = e->n_curs; n && budget && e->n_curs; n--) {
+			uint32_t i = e->rr % e->n_curs;
+			uint32_t before = budget;
+			if (cur_step(e, i, now_ms, &budget)) {
+				if (e->curs[i].blocked && now_ms - e->curs[i].progress_ms >= REPLAY_STALL_MS) {
+					e->st.replays_dropped++;
+					cur_drop(e, i);
+				} else {
+					e->rr = (i + 1) % e->n_curs;
+				}
+			}
+			progress |= budget != before;
+		}
+	}
+	/* more to send now (a replay that is not blocked)? */
+	for (uint32_t i = 0; i < e->n_curs; i++)
+		if (!e->curs[i].blocked)
+			return true;
+	return false;
+}
+
+bool kvs_events_replaying(const kvs_events *e) { return e && e->n_curs; }
+
 void kvs_events_get_stats(const kvs_events *e, kvs_events_stats *st)
 {
-	if (e)
+	if (e) {
 		*st = e->st;
-	else
+		st->replays_active = e->n_curs;
+		st->ring_batches = e->count;
+		st->ring_bytes = e->ring_bytes;
+	} else
 		memset(st, 0, sizeof(*st));
 }

@@ -6,10 +6,13 @@
  *
  * Events accumulate between ticks and leave as one batch per tick:
  * multipart (topic, 8-byte big-endian sequence number, msgpack
- * KVEventBatch). The last `keep` batches are kept for replay: a request
- * (empty delimiter, 8-byte big-endian start sequence) is answered with every
- * kept batch from that sequence, each (delimiter, topic, seq, payload), then
- * (delimiter, "", seq -1, ""). */
+ * KVEventBatch). The last `keep` batches (at most keep_bytes of payload) are kept
+ * for replay: a request (empty delimiter, 8-byte big-endian start sequence)
+ * is answered with every kept batch from that sequence up to the last one
+ * published before the request, each (delimiter, topic, seq, payload), then
+ * (delimiter, "", seq -1, ""). A replay is sent a few batches per loop pass
+ * (events.c: the bounds), never more than a peer's queue takes; a peer that
+ * takes nothing for 5 s loses its replay. */
 #ifndef KVS_EVENTS_H
 #define KVS_EVENTS_H
 
@@ -27,7 +30,7 @@ enum kvs_event_tier { KVS_TIER_EV_L1, KVS_TIER_EV_L2 };
  * with the reason in err. with_l2: a chunk evicted from L1 may still be in
  * L2 (its engine hash is kept until L2 drops it). */
 int kvs_events_open(void *zctx, const char *pub, const char *replay, const char *topic, uint32_t keep,
-		    bool with_l2, kvs_events **ret, char *err, size_t errlen);
+		    uint64_t keep_bytes, bool with_l2, kvs_events **ret, char *err, size_t errlen);
 void kvs_events_close(kvs_events *e);
 
 /* An object's chunk became present in a tier / left it; block_size: the
@@ -50,11 +53,23 @@ void kvs_events_cleared(kvs_events *e);
 void kvs_events_flush(kvs_events *e);
 /* The replay socket for the loop's poll set, or NULL. */
 void *kvs_events_replay_socket(kvs_events *e);
-/* Answers the replay requests waiting on the replay socket. */
-void kvs_events_replay(kvs_events *e);
+/* Takes the replay requests waiting on the replay socket (readable: the
+ * loop saw it ready) and sends the replays in progress their next batches,
+ * within the per-pass bound. True when a replay can take more now (the loop
+ * calls again without sleeping); replays whose peer's queue is full wait for
+ * the next call (the loop's tick calls it). */
+bool kvs_events_replay(kvs_events *e, uint64_t now_ms, bool readable);
+bool kvs_events_replaying(const kvs_events *e);
 
 typedef struct kvs_events_stats {
-	uint64_t batches, events, replays;
+	uint64_t batches, events;   /* cum. published */
+	uint64_t ring_dropped;      /* cum. batches dropped from the ring (count or byte bound) */
+	uint64_t replay_requests;   /* cum. requests read */
+	uint64_t replays;           /* cum. replays sent to the end */
+	uint64_t replays_refused;   /* cum. requests beyond REPLAY_MAX replays (end marker alone) */
+	uint64_t replays_dropped;   /* cum. replays ended early: peer gone, or no progress for 5 s */
+	uint64_t replay_batches;    /* cum. batches sent by replays */
+	uint64_t replays_active, ring_batches, ring_bytes; /* now */
 } kvs_events_stats;
 void kvs_events_get_stats(const kvs_events *e, kvs_events_stats *st);
 

@@ -7,21 +7,36 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <sodium.h>
+
 #define KVS_LOG_COMPONENT "lane"
 #include "kvs_frame.h"
 #include "kvs_log.h"
 #include "lane.h"
 
-/* A lane ident: LANE_MAGIC, the lane's number (u64, little-endian), then the
- * ZeroMQ routing id of the `lane` request: at least LANE_HDR + 1 bytes,
- * starting 0x00. No ZeroMQ routing id looks like that: the ids a ROUTER makes
- * are exactly 5 bytes (0x00, then a counter), and ids a peer chooses must not
- * start with 0x00 (ZeroMQ reserves those). */
+/* A lane ident: LANE_MAGIC, the lane's number (u64, little-endian), the
+ * lane's secret (8 random bytes), then the ZeroMQ routing id of the `lane`
+ * request: at least LANE_HDR + 1 bytes, starting 0x00. The ids a ROUTER makes
+ * are exactly 5 bytes (0x00, then a counter); ids a peer chooses should not
+ * start with 0x00 (ZeroMQ reserves those) but libzmq does not enforce it, so
+ * the loop drops every ZeroMQ message whose routing id starts with
+ * LANE_MAGIC, whatever its length (kvs__in_lane_space) (loop.c, router_ready: a forged lane ident would route the
+ * replies to its request into another session's lane), and kvs__lane_send
+ * takes a reply only for the exact ident of a live lane, secret included. */
 static const uint8_t LANE_MAGIC[3] = {0x00, 'L', 'N'};
-#define LANE_HDR 11
+#define LANE_SECRET 11
+#define LANE_HDR 19
 #define READ_BUDGET (1u << 20) /* bytes read from one lane per loop iteration */
 #define CORK_MAX (256u << 10)   /* bytes a lane collects before it writes mid-iteration */
 #define KEEP_MAX (16u << 10)    /* an emptied buffer larger than this is freed */
+/* Input held for frames larger than a lane's first buffer (KVS_FRAME_START),
+ * over every lane: a lane whose large frame would take the total beyond it
+ * is closed, and so is a lane whose large frame received nothing for
+ * LANE_STALL_MS (a peer announcing 8 MiB frames and stalling would otherwise
+ * hold 8 MiB per lane, up to max-sessions lanes). Engines' frames are small
+ * (a 4,096-key lookup is ~140 KiB, sent at once). */
+#define LANE_BIG_MAX (64u << 20)
+#define LANE_STALL_MS 5000
 
 /* One lane. Invariants: fd >= 0 while open; a dead lane (closed fd) is only
  * waiting for the sweep at the end of the loop step that killed it, because
@@ -41,6 +56,8 @@ typedef struct kvs_lane {
 	uint8_t ident[KVS_MAX_IDENT]; /* its lane ident */
 	size_t ident_len;
 	kvs_frame_in in; /* received bytes not yet handled */
+	size_t big;      /* in.cap when above KVS_FRAME_START, else 0: its share of kvs_lanes.big */
+	uint64_t last_in_ms; /* when bytes last arrived */
 	uint8_t *out;    /* owned; NULL until the first reply */
 	size_t out_len, out_off, out_cap;
 } kvs_lane;
@@ -50,9 +67,15 @@ struct kvs_lanes {
 	kvs_lane **list; /* open and dead lanes, in no order */
 	int n, cap;
 	int corked; /* lanes given bytes this iteration (an upper bound) */
+	size_t big; /* sum of the lanes' big: at most LANE_BIG_MAX plus one frame */
 	uint64_t next_id;
 	kvs_lane_stats st;
 };
+
+bool kvs__in_lane_space(const void *ident, size_t ident_len)
+{
+	return ident_len >= sizeof(LANE_MAGIC) && memcmp(ident, LANE_MAGIC, sizeof(LANE_MAGIC)) == 0;
+}
 
 bool kvs__is_lane_ident(const void *ident, size_t ident_len)
 {
@@ -101,6 +124,7 @@ static void last_words(kvs_lane *l)
 
 static void lane_free(kvs_lane *l)
 {
+	/* (its share of the lanes' big input left at lane_kill) */
 	if (l->fd >= 0)
 		close(l->fd);
 	kvs_frame_free(&l->in);
@@ -133,6 +157,8 @@ static void lane_kill(kvs_server *srv, kvs_lane *l, const char *why)
 	l->dead = true;
 	close(l->fd);
 	l->fd = -1;
+	srv->lanes->big -= l->big;
+	l->big = 0;
 	kvs_htab_del(srv->lanes->by_id, &l->id);
 	srv->lanes->st.open--;
 	kvs_session *s = kvs__session_get(srv, l->session);
@@ -215,6 +241,7 @@ int kvs__lane_attach(kvs_server *srv, kvs_session *s, int fd, const char **why)
 	memcpy(l->ident, LANE_MAGIC, sizeof(LANE_MAGIC));
 	for (int i = 0; i < 8; i++)
 		l->ident[3 + i] = (uint8_t)(l->id >> (8 * i));
+	randombytes_buf(l->ident + LANE_SECRET, LANE_HDR - LANE_SECRET);
 	memcpy(l->ident + LANE_HDR, s->ident, s->ident_len);
 	l->ident_len = LANE_HDR + s->ident_len;
 	if (kvs_htab_put(L->by_id, l) < 0) {
@@ -266,6 +293,24 @@ static bool handle_frames(kvs_server *srv, kvs_lane *l)
 	return true;
 }
 
+/* Counts l's large-frame buffer in the lanes' total; false (l closed) when
+ * that takes the total beyond LANE_BIG_MAX. */
+static bool account(kvs_server *srv, kvs_lane *l)
+{
+	struct kvs_lanes *L = srv->lanes;
+	size_t big = l->in.cap > KVS_FRAME_START ? l->in.cap : 0;
+	L->big = L->big - l->big + big;
+	l->big = big;
+	if (big && L->big > LANE_BIG_MAX) {
+		kvs_warn("lane of session %016llx: a %zu-byte frame would take the lanes' input beyond %u MiB: "
+			 "lane closed", (unsigned long long)l->session, big, LANE_BIG_MAX >> 20);
+		L->st.closed_budget++;
+		lane_kill(srv, l, "input budget");
+		return false;
+	}
+	return true;
+}
+
 static void lane_read(kvs_server *srv, kvs_lane *l)
 {
 	for (size_t got = 0; got < READ_BUDGET;) {
@@ -279,9 +324,26 @@ static void lane_read(kvs_server *srv, kvs_lane *l)
 			return;
 		}
 		got += (size_t)r;
-		if (!handle_frames(srv, l) || !full)
+		l->last_in_ms = srv->now_ms;
+		if (!handle_frames(srv, l) || !account(srv, l) || !full)
 			return; /* dead, or drained (a short read) */
 	}
+}
+
+void kvs__lanes_tick(kvs_server *srv)
+{
+	struct kvs_lanes *L = srv->lanes;
+	for (int i = 0; L && i < L->n; i++) {
+		kvs_lane *l = L->list[i];
+		if (l->dead || !l->big || srv->now_ms - l->last_in_ms < LANE_STALL_MS)
+			continue;
+		kvs_warn("lane of session %016llx: a %zu-byte frame received nothing for %u ms: lane closed",
+			 (unsigned long long)l->session, l->big, LANE_STALL_MS);
+		L->st.closed_stalled++;
+		lane_kill(srv, l, "stalled frame");
+	}
+	if (L)
+		sweep(L);
 }
 
 /* ---- writing ------------------------------------------------------------------ */
@@ -335,33 +397,38 @@ static bool append(kvs_lane *l, const void *buf, size_t len)
 	return true;
 }
 
-bool kvs__lane_send(kvs_server *srv, const void *ident, size_t ident_len, void *buf, size_t len)
+int kvs__lane_send(kvs_server *srv, const void *ident, size_t ident_len, void *buf, size_t len)
 {
-	(void)ident_len;
 	struct kvs_lanes *L = srv->lanes;
 	uint64_t id = ident_lane_id(ident);
 	if (!L)
-		return false;
+		return 0;
 	kvs_lane *l = kvs_htab_get(L->by_id, &id);
+	if (l && (l->ident_len != ident_len || memcmp(l->ident, ident, ident_len) != 0)) {
+		/* the number of a live lane with another secret or routing id:
+		 * not this lane's reply, and not one for that routing id either */
+		L->st.forged++;
+		return -1;
+	}
 	if (!l || l->dead || l->blocked) {
 		L->st.diverted++;
-		return false;
+		return 0;
 	}
 	/* not blocked, so out_off is 0. A lane that collected CORK_MAX writes
 	 * now, so one iteration's replies never hold much memory */
 	if (l->out_len && l->out_len + len > CORK_MAX && !flush(srv, l)) {
 		L->st.diverted++;
-		return false;
+		return 0;
 	}
 	if (!l->out_len)
 		L->corked++;
 	if (!append(l, buf, len)) {
 		L->st.diverted++;
-		return false;
+		return 0;
 	}
 	free(buf);
 	L->st.replies++;
-	return true;
+	return 1;
 }
 
 void kvs__lanes_flush(kvs_server *srv)
@@ -424,8 +491,9 @@ int kvs__lanes_count(const kvs_server *srv) { return srv->lanes ? srv->lanes->n 
 
 void kvs__lanes_stats(const kvs_server *srv, kvs_lane_stats *out)
 {
-	if (srv->lanes)
+	if (srv->lanes) {
 		*out = srv->lanes->st;
-	else
+		out->big_bytes = srv->lanes->big;
+	} else
 		memset(out, 0, sizeof(*out));
 }

@@ -41,16 +41,22 @@ void kvs__lane_session_gone(kvs_server *srv, kvs_session *s);
 int kvs__lanes_items(kvs_server *srv, struct pollfd *fds, int cap);
 void kvs__lanes_ready(kvs_server *srv, const struct pollfd *fds, int n);
 int kvs__lanes_count(const kvs_server *srv);
+/* The loop's tick: lanes whose large frame stalled are closed (lane.c). */
+void kvs__lanes_tick(kvs_server *srv);
 
+/* True if ident starts like a lane ident (ZeroMQ peers may not use these). */
+bool kvs__in_lane_space(const void *ident, size_t ident_len);
 /* True if ident is a lane ident. */
 bool kvs__is_lane_ident(const void *ident, size_t ident_len);
 /* The ZeroMQ routing id inside a lane ident (ident itself otherwise). */
 void kvs__zmq_ident(const void **ident, size_t *ident_len);
 /* reply.c: queues buf (len bytes, malloc'd) for the lane named by a lane
- * ident. Returns true if the lane took it (buf is freed: its bytes are in the
- * lane's buffer), false when the caller must send it over ZeroMQ (buf still
- * the caller's). The bytes leave at kvs__lanes_flush. */
-bool kvs__lane_send(kvs_server *srv, const void *ident, size_t ident_len, void *buf, size_t len);
+ * ident. Returns 1 if the lane took it (buf is freed: its bytes are in the
+ * lane's buffer), 0 when the caller must send it over ZeroMQ (buf still the
+ * caller's: the lane is gone or full), -1 when the ident names a live lane
+ * but is not that lane's (another secret or routing id: forged; the caller
+ * drops buf). The bytes leave at kvs__lanes_flush. */
+int kvs__lane_send(kvs_server *srv, const void *ident, size_t ident_len, void *buf, size_t len);
 /* The end of a loop iteration: every lane writes what it was given during
  * it, in one system call where the socket takes it all (a job's replies
  * to one session, say a store's, its complete's and the job_done push,
@@ -78,6 +84,10 @@ typedef struct kvs_lane_stats {
 	uint64_t diverted;  /* cum. replies for a lane sent over ZeroMQ instead */
 	uint64_t writes;    /* cum. system calls that wrote lane bytes */
 	uint64_t late;      /* cum. kvs__lanes_before_poll calls that found replies left unwritten */
+	uint64_t forged;    /* cum. replies dropped: their ident named a live lane but was not its own */
+	uint64_t closed_budget;  /* cum. lanes closed: their large frame would pass the lanes' input budget */
+	uint64_t closed_stalled; /* cum. lanes closed: their large frame received nothing for 5 s */
+	uint64_t big_bytes;      /* input held now for frames above 64 KiB, over every lane */
 } kvs_lane_stats;
 void kvs__lanes_stats(const kvs_server *srv, kvs_lane_stats *out);
 

@@ -85,6 +85,7 @@ void kvs_server_config_defaults(kvs_server_config *cfg)
 	snprintf(cfg->metrics_listen, sizeof(cfg->metrics_listen), "127.0.0.1:9464");
 	cfg->metrics_stall_ms = 2000;
 	cfg->kv_events_buffer = 10000;
+	cfg->kv_events_buffer_bytes = 64ull << 20;
 	cfg->cuda_staging = 32ull << 20;
 	cfg->cuda_stage_min = 512ull << 10;
 	cfg->cuda_poll_us = 20000;
@@ -452,7 +453,9 @@ static void dispatch_msg(kvs_server *srv, const uint8_t *ident, size_t ident_len
 		return;
 	}
 	srv->errbuf[0] = '\0';
-	if (rq.op == KVS_OP_HELLO) {
+	if (srv->peer == KVS_PEER_REVOKED && !replay) {
+		r = kvs__fail(srv, KVS_E_AUTH, "this connection's CURVE key was removed from authorized-keys");
+	} else if (rq.op == KVS_OP_HELLO) {
 		r = kvs__op_hello(srv, ident, ident_len, &rq);
 	} else {
 		kvs_session *s = NULL;
@@ -554,7 +557,14 @@ static void router_ready(kvs_server *srv)
 		}
 		const uint8_t *id = zmq_msg_data(&ident);
 		size_t idlen = zmq_msg_size(&ident);
-		if (nframes != 2) {
+		if (kvs__in_lane_space(id, idlen)) {
+			/* a peer that chose a routing id in the lanes' reserved
+			 * space (lane.c): its replies would go into a lane, so it
+			 * gets none; dropped, counted, logged */
+			if (srv->st.lane_spoofs++ == 0 || (srv->st.lane_spoofs & 1023) == 0)
+				kvs_warn("a ZeroMQ peer uses a routing id reserved for job lanes (0x00 'L' 'N' ...): "
+					 "its messages are dropped (%llu so far)", (unsigned long long)srv->st.lane_spoofs);
+		} else if (nframes != 2) {
 			/* still name the request in the reply, if its first frame says */
 			kvs_msg tmp;
 			kvs_proto_err perr;
@@ -572,7 +582,7 @@ static void router_ready(kvs_server *srv)
 				       "expected exactly one frame per message, got %d", nframes - 1);
 		}
 		else {
-			srv->peer = kvs_auth_peer(srv->auth, &body); /* who asks (admin gate) */
+			srv->peer = kvs_auth_peer(srv->auth, &body, srv->peer_key); /* who asks (admin gate) */
 			dispatch(srv, id, idlen, zmq_msg_data(&body), zmq_msg_size(&body));
 		}
 		zmq_msg_close(&body);
@@ -653,7 +663,7 @@ int kvs_server_create(const kvs_server_config *cfg, kvs_server **ret)
 	if (cfg->kv_events[0]) {
 		char why[300];
 		if ((r = kvs_events_open(srv->zctx, cfg->kv_events, cfg->kv_events_replay, cfg->kv_events_topic,
-					 cfg->kv_events_buffer, cfg->l2_path[0] != 0, &srv->events, why,
+					 cfg->kv_events_buffer, cfg->kv_events_buffer_bytes, cfg->l2_path[0] != 0, &srv->events, why,
 					 sizeof(why))) < 0) {
 			kvs_err("%s", why);
 			goto err_router;
@@ -747,15 +757,35 @@ static void l1_ceiling(kvs_server *srv)
 		kvs_l1_set_ceiling(srv->l1, p);
 }
 
+/* authorized-keys changed: the sessions opened with a key no longer in it
+ * end (their requests are refused from now on anyway: dispatch_msg) */
+static void close_revoked(kvs_server *srv)
+{
+	if (!kvs_auth_tick(srv->auth, srv->now_ms))
+		return;
+	size_t pos = 0;
+	kvs_session *s;
+	while ((s = kvs_htab_next(srv->sessions, &pos)) != NULL) {
+		if (!s->keyed || kvs_auth_key_ok(srv->auth, s->key))
+			continue;
+		kvs_warn("session %016llx: its CURVE key was removed from authorized-keys: closed",
+			 (unsigned long long)s->id);
+		kvs__session_close(srv, s, "key removed from authorized-keys");
+		pos = 0; /* the table changed */
+	}
+}
+
 void kvs__server_tick(kvs_server *srv)
 {
 	l1_ceiling(srv);
+	close_revoked(srv);
 	kvs__sessions_reap(srv);
 	kvs__broker_expire(srv);
 	kvs_jobs_tick(srv);
 	kvs_lookup_tick(srv);
 	kvs_registry_tick(srv);
 	kvs__peers_tick(srv);
+	kvs__lanes_tick(srv);
 	kvs__admin_tick(srv);
 	kvs__metrics_tick(srv); /* publish counters + sign of life for /healthz */
 	kvs_events_flush(srv->events); /* one KV-event batch per tick */
@@ -825,6 +855,7 @@ static bool ztake(zwatch *w)
 int kvs_server_run(kvs_server *srv, int sigfd)
 {
 	uint64_t next_tick = 0;
+	bool replay_more = false; /* a replay can take more batches now (events.h) */
 	struct pollfd *fds = NULL;
 	int fds_cap = 0;
 	enum { Z_ROUTER, Z_ZAP, Z_REPLAY, NZ };
@@ -897,7 +928,7 @@ int kvs_server_run(kvs_server *srv, int sigfd)
 				if ((z[i].ready = kvs_zmq_readable(z[i].sock)))
 					timeout = 0;
 			}
-		if (cuda_spin)
+		if (cuda_spin || replay_more)
 			timeout = 0;
 		int pr = poll(fds, (nfds_t)n, (int)timeout);
 		if (pr < 0 && errno != EINTR) {
@@ -941,10 +972,17 @@ int kvs_server_run(kvs_server *srv, int sigfd)
 				kvs__broker_accept(srv);
 			if (ztake(&z[Z_ZAP]))
 				kvs_auth_zap_ready(srv->auth);
-			if (ztake(&z[Z_REPLAY]))
-				kvs_events_replay(srv->events);
 		}
-		if (srv->now_ms >= next_tick) {
+		/* replays: requests taken when the socket is ready, batches sent a
+		 * pass's worth at a time while a peer takes them, and at the tick
+		 * for peers whose queue was full (events.h) */
+		bool rready = ztake(&z[Z_REPLAY]);
+		bool tick = srv->now_ms >= next_tick;
+		if (rready || replay_more || (tick && kvs_events_replaying(srv->events))) {
+			replay_more = kvs_events_replay(srv->events, srv->now_ms, rready);
+			z[Z_REPLAY].check = true;
+		}
+		if (tick) {
 			kvs__server_tick(srv);
 			next_tick = srv->now_ms + KVS_TICK_MS;
 		}

@@ -122,12 +122,14 @@ int main(int argc, char **argv)
 	kvs_log_set_level(cfg.log_level);
 	kvs_log_set_format(cfg.log_format);
 	/* every import holds an fd and every client a socket: raise the soft
-	 * limit to the hard one (libzmq aborts when it runs out of fds) */
+	 * limit to the hard one; at the limit, accepts shed the new peer
+	 * (fdguard.c: libzmq would abort) */
 	struct rlimit rl;
 	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
 		rl.rlim_cur = rl.rlim_max;
 		setrlimit(RLIMIT_NOFILE, &rl);
 	}
+	kvs_fdguard_init();
 
 	sigset_t set;
 	sigemptyset(&set);

@@ -26,6 +26,13 @@
 #include "stats.h"
 #include "server.h"
 
+/* Connections at once, from one address, and the time one may stay open:
+ * enough that the kubelet's probes and a few scrapers always find a slot
+ * while up to CONN_PER_IP slow clients of one address hold theirs. */
+#define CONN_MAX 64u
+#define CONN_PER_IP 32u
+#define CONN_DEADLINE_MS 5000u
+
 struct kvs_metrics {
 	struct MHD_Daemon *daemon;
 	unsigned port;
@@ -39,6 +46,17 @@ struct kvs_metrics {
 	/* main-loop thread only: the copy-throughput window */
 	uint64_t win_ms, win_all, win_host, bps_all, bps_host;
 	kvs_metrics_snap *build;     /* scratch snapshot the loop fills */
+	/* the open connections (MHD's notify callback adds and removes them, on
+	 * the HTTP thread) and when each was accepted; the loop's publish shuts
+	 * down those open longer than CONN_DEADLINE_MS, whatever they send: a
+	 * client that trickles a header line every few seconds never meets
+	 * MHD's idle time-out. An entry leaves the table before MHD closes its
+	 * fd (the CLOSED notification comes first), and shutdown happens under
+	 * conn_mu, so no closed or reused fd is shut down. */
+	pthread_mutex_t conn_mu;
+	struct { int fd; uint64_t since_ms; } conns[CONN_MAX];
+	uint32_t n_conns;
+	atomic_uint_fast64_t conns_cut; /* cum. connections shut down at the deadline */
 };
 
 /* ---- the Prometheus text format ---------------------------------------------------- */
@@ -425,6 +443,54 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char
 	return text(conn, MHD_HTTP_NOT_FOUND, "not found: %s (try /metrics, /healthz, /readyz)\n", url);
 }
 
+/* HTTP thread: a connection opened or closed. */
+static void notify_conn(void *cls, struct MHD_Connection *conn, void **socket_context,
+			enum MHD_ConnectionNotificationCode toe)
+{
+	(void)socket_context;
+	kvs_metrics *m = cls;
+	const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+	if (!ci)
+		return;
+	int fd = ci->connect_fd;
+	pthread_mutex_lock(&m->conn_mu);
+	if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+		if (m->n_conns < CONN_MAX)
+			m->conns[m->n_conns++].fd = fd, m->conns[m->n_conns - 1].since_ms = kvs_now_ms();
+	} else {
+		for (uint32_t i = 0; i < m->n_conns; i++)
+			if (m->conns[i].fd == fd) {
+				m->conns[i] = m->conns[--m->n_conns];
+				break;
+			}
+	}
+	pthread_mutex_unlock(&m->conn_mu);
+}
+
+/* Loop thread: connections past their deadline are shut down (MHD then
+ * reads the end of the stream and closes them). */
+static void cut_slow(kvs_metrics *m, uint64_t now_ms)
+{
+	pthread_mutex_lock(&m->conn_mu);
+	for (uint32_t i = 0; i < m->n_conns; i++)
+		if (m->conns[i].fd >= 0 && now_ms > m->conns[i].since_ms &&
+		    now_ms - m->conns[i].since_ms > CONN_DEADLINE_MS) {
+			shutdown(m->conns[i].fd, SHUT_RDWR);
+			m->conns[i].fd = -1; /* once; the CLOSED notification cannot match -1 */
+			atomic_fetch_add(&m->conns_cut, 1);
+		}
+	/* entries cut stay until their CLOSED notification, which looks them up
+	 * by fd: they are dropped here instead, their slot is free */
+	for (uint32_t i = 0; i < m->n_conns;)
+		if (m->conns[i].fd < 0)
+			m->conns[i] = m->conns[--m->n_conns];
+		else
+			i++;
+	pthread_mutex_unlock(&m->conn_mu);
+}
+
+uint64_t kvs_metrics_conns_cut(const kvs_metrics *m) { return m ? atomic_load(&m->conns_cut) : 0; }
+
 static void mhd_log(void *cls, const char *fmt, va_list ap)
 {
 	(void)cls;
@@ -484,6 +550,7 @@ int kvs_metrics_start(const kvs_metrics_config *cfg, kvs_metrics **ret)
 	m->stall_ms = cfg->stall_ms ? cfg->stall_ms : 2000;
 	snprintf(m->version, sizeof(m->version), "%s", cfg->version ? cfg->version : "?");
 	pthread_mutex_init(&m->mu, NULL);
+	pthread_mutex_init(&m->conn_mu, NULL);
 	atomic_init(&m->last_ms, 0);
 	int fd = listen_on(cfg->listen, &m->port);
 	if (fd < 0) {
@@ -492,13 +559,17 @@ int kvs_metrics_start(const kvs_metrics_config *cfg, kvs_metrics **ret)
 		free(m);
 		return fd;
 	}
-	/* one polling thread; a slow or stuck scraper costs one connection slot */
+	/* one polling thread; a slow or stuck client costs one connection slot
+	 * for CONN_DEADLINE_MS at most (cut_slow) */
 	m->daemon = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_USE_ERROR_LOG,
 				     0, NULL, NULL, handle, m, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
-				     MHD_OPTION_LISTEN_SOCKET, fd, MHD_OPTION_CONNECTION_LIMIT, 16u,
+				     MHD_OPTION_LISTEN_SOCKET, fd, MHD_OPTION_CONNECTION_LIMIT, CONN_MAX,
+				     MHD_OPTION_PER_IP_CONNECTION_LIMIT, CONN_PER_IP,
+				     MHD_OPTION_NOTIFY_CONNECTION, notify_conn, m,
 				     MHD_OPTION_CONNECTION_TIMEOUT, 10u, MHD_OPTION_END);
 	if (!m->daemon) {
 		close(fd);
+		pthread_mutex_destroy(&m->conn_mu);
 		pthread_mutex_destroy(&m->mu);
 		free(m->build);
 		free(m);
@@ -517,6 +588,7 @@ void kvs_metrics_publish(kvs_metrics *m, const kvs_metrics_snap *snap, uint64_t 
 	m->published = true;
 	pthread_mutex_unlock(&m->mu);
 	atomic_store(&m->last_ms, now_ms);
+	cut_slow(m, now_ms);
 }
 
 void kvs_metrics_stop(kvs_metrics *m)
@@ -524,6 +596,7 @@ void kvs_metrics_stop(kvs_metrics *m)
 	if (!m)
 		return;
 	MHD_stop_daemon(m->daemon); /* joins the thread, closes the listening socket */
+	pthread_mutex_destroy(&m->conn_mu);
 	pthread_mutex_destroy(&m->mu);
 	free(m->build);
 	free(m);
@@ -564,6 +637,7 @@ void kvs__metrics_tick(kvs_server *srv)
 	kvs_metrics *m = srv->metrics;
 	if (!m)
 		return;
+	srv->st.metrics_conns_cut = kvs_metrics_conns_cut(m); /* for stats (which cannot call here) */
 	kvs_counter c[KVS_STATS_MAX];
 	char names[KVS_METRICS_NE][32];
 	uint32_t n = kvs__stats_collect(srv, c, names);

@@ -17,7 +17,7 @@
 #include "kvs_error.h"
 #include "kvs_proto.h"
 
-#define KVS_METRICS_MAX_SAMPLES 192
+#define KVS_METRICS_MAX_SAMPLES 256
 #define KVS_METRICS_NE (KVS_E_LAST_ - KVS_E_BASE + 1)
 
 /* What the main loop publishes. Plain data: copied whole. */
@@ -47,6 +47,8 @@ typedef struct kvs_metrics kvs_metrics;
 int kvs_metrics_start(const kvs_metrics_config *cfg, kvs_metrics **ret);
 /* The bound TCP port (useful with port 0). */
 unsigned kvs_metrics_port(const kvs_metrics *m);
+/* Connections shut down for staying open past the 5 s deadline (any thread). */
+uint64_t kvs_metrics_conns_cut(const kvs_metrics *m);
 /* Copies snap in (under the snapshot mutex) and records now_ms, a
  * kvs_now_ms() reading, as the time of the last sign of life. */
 void kvs_metrics_publish(kvs_metrics *m, const kvs_metrics_snap *snap, uint64_t now_ms);

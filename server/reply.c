@@ -101,8 +101,12 @@ static void send_frames(kvs_server *srv, const void *ident, size_t ident_len, vo
 	if (kvs__is_lane_ident(ident, ident_len)) {
 		/* a lane takes it now or never: what it cannot take goes to the
 		 * lane's ZeroMQ routing id (lane.h) */
-		if (kvs__lane_send(srv, ident, ident_len, buf, len))
+		int taken = kvs__lane_send(srv, ident, ident_len, buf, len);
+		if (taken) {
+			if (taken < 0)
+				free(buf);
 			return;
+		}
 		kvs__zmq_ident(&ident, &ident_len);
 	}
 	/* the encoder's buffer grows by doubling from 8 KiB: a 100-byte reply

@@ -44,6 +44,7 @@ typedef struct kvs_server_config {
 	char kv_events_replay[256]; /* ROUTER endpoint replaying recent batches; "" = none */
 	char kv_events_topic[128];
 	uint32_t kv_events_buffer;  /* batches kept for replay */
+	uint64_t kv_events_buffer_bytes; /* and the bytes they may hold */
 	long allow_uid;         /* extra UID allowed on the broker, -1 = none */
 	char l2_path[256];      /* LMDB environment directory; "" = no L2 tier */
 	uint64_t l2_size;       /* LMDB map size */
@@ -68,6 +69,12 @@ typedef struct kvs_server_config {
 } kvs_server_config;
 
 void kvs_server_config_defaults(kvs_server_config *cfg);
+
+/* Connections shed because the process was out of fds (fdguard.c, in the
+ * executable; the stat accepts_shed reads it). */
+extern atomic_uint_fast64_t kvs_accept_shed;
+/* fdguard.c: opens the reserve descriptor; main() calls it first. */
+void kvs_fdguard_init(void);
 
 typedef struct kvs_server kvs_server;
 
@@ -105,6 +112,10 @@ typedef struct kvs_session {
 	uint32_t n_held;
 	uint64_t held_bytes;
 	uint64_t lane_id; /* its job lane (lane.c), 0: none */
+	/* opened over tcp:// with this CURVE key: closed when the key leaves
+	 * authorized-keys (loop.c, auth.h) */
+	bool keyed;
+	uint8_t key[32];
 } kvs_session;
 
 /* A request held while its session's `register` is pending: the raw
@@ -140,6 +151,8 @@ typedef struct kvs_stats {
 	uint64_t errors[KVS_E_LAST_ - KVS_E_BASE + 1];
 	uint64_t sessions_opened, sessions_reaped;
 	uint64_t broker_accepted, broker_rejected, broker_parked, broker_expired;
+	uint64_t lane_spoofs; /* ZeroMQ messages dropped: their routing id was in the lanes' reserved space */
+	uint64_t metrics_conns_cut; /* metrics.c's count, copied at each metrics tick */
 	/* by op (index KVS_OP_NONE: requests whose op was unreadable) */
 	uint64_t requests_by_op[KVS_OP_COUNT_];
 	uint64_t errors_by_op[KVS_OP_COUNT_][KVS_E_LAST_ - KVS_E_BASE + 1];
@@ -183,6 +196,7 @@ struct kvs_server {
 	struct kvs_lanes *lanes; /* job lanes (lane.c) */
 	struct kvs_auth *auth;   /* CURVE, ZAP, who may run admin (auth.c) */
 	int peer;                /* enum kvs_peer_kind of the request being handled */
+	uint8_t peer_key[32];    /* its CURVE key, for the key kinds (auth.h) */
 	kvs_htab *parked;   /* kvs_parked by token */
 	kvs_htab *consumed; /* recently claimed tokens (ring entries), refused if replayed */
 	struct kvs_token_ent { uint8_t token[16]; } *consumed_ring;

@@ -8,6 +8,7 @@
 
 #define KVS_LOG_COMPONENT "session"
 #include "kvs_log.h"
+#include "auth.h"
 #include "jobs.h"
 #include "registry.h"
 #include "lane.h"
@@ -66,6 +67,8 @@ int kvs__op_hello(kvs_server *srv, const void *ident, size_t ident_len, const kv
 	s->rank = rq->rank;
 	s->world = rq->world;
 	s->expires_ms = srv->now_ms + srv->cfg.ttl_ms;
+	if ((s->keyed = srv->peer == KVS_PEER_KEY || srv->peer == KVS_PEER_ADMIN_KEY))
+		memcpy(s->key, srv->peer_key, sizeof(s->key));
 	if (kvs_htab_put(srv->sessions, s) < 0) {
 		free(s);
 		return kvs__fail(srv, KVS_E_INTERNAL, "out of memory");

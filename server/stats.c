@@ -10,6 +10,7 @@
 #include "auth.h"
 #include "copy_host.h"
 #include "copy_cuda.h"
+#include "events.h"
 #include "jobs.h"
 #include "kvs_l1.h"
 #include "kvs_l2.h"
@@ -60,6 +61,45 @@ static uint32_t l3_collect(kvs_server *srv, const kvs_lookup_stats *lsp, const k
 	C("l3_refreshes", l3.refreshes);
 	C("l3_nodes_down", l3.nodes_down);
 	C("l3_timeouts", l3.timeouts);
+#undef C
+	return n;
+}
+
+/* The counters of the surfaces peers reach (lanes, KV events, CURVE keys;
+ * docs/security.md), after n entries of c; returns the new count. */
+static uint32_t surface_collect(kvs_server *srv, kvs_counter *c, uint32_t n)
+{
+#define C(nm, val) c[n++] = (kvs_counter){kvs_str_c(nm), (uint64_t)(val)}
+	kvs_lane_stats lst;
+	kvs__lanes_stats(srv, &lst);
+	C("lanes_open", lst.open);
+	C("lanes_attached", lst.attached);
+	C("lanes_closed_bad", lst.closed_bad);
+	C("lane_requests", lst.requests);
+	C("lane_replies", lst.replies);
+	C("lane_replies_diverted", lst.diverted);
+	C("lane_writes", lst.writes);
+	C("lane_late_flushes", lst.late);
+	C("lane_ident_spoofs", srv->st.lane_spoofs);
+	C("lane_replies_forged", lst.forged);
+	C("lanes_closed_budget", lst.closed_budget);
+	C("lanes_closed_stalled", lst.closed_stalled);
+	C("lane_input_big_bytes", lst.big_bytes);
+	kvs_events_stats es;
+	kvs_events_get_stats(srv->events, &es);
+	C("kv_events_batches", es.batches);
+	C("kv_events_events", es.events);
+	C("kv_events_ring_batches", es.ring_batches);
+	C("kv_events_ring_bytes", es.ring_bytes);
+	C("kv_events_ring_dropped", es.ring_dropped);
+	C("kv_events_replay_requests", es.replay_requests);
+	C("kv_events_replays", es.replays);
+	C("kv_events_replays_active", es.replays_active);
+	C("kv_events_replays_refused", es.replays_refused);
+	C("kv_events_replays_dropped", es.replays_dropped);
+	C("kv_events_replay_batches", es.replay_batches);
+	C("auth_refused", kvs_auth_refused(srv->auth));
+	C("auth_revoked", kvs_auth_revoked(srv->auth));
 #undef C
 	return n;
 }
@@ -157,23 +197,15 @@ uint32_t kvs__stats_collect(kvs_server *srv, kvs_counter *c, char (*names)[32])
 	C("broker_parked", srv->st.broker_parked);
 	C("broker_expired", srv->st.broker_expired);
 	C("parked_fds", kvs_htab_count(srv->parked));
+	C("accepts_shed", atomic_load(&kvs_accept_shed));
 	C("copy_bytes_host", kvs_copy_pool_bytes(srv->pool));
 	C("draining", srv->draining);
 	C("reply_bytes_queued", kvs__peers_queued(srv));
 	C("peers_cut_off", kvs__peers_closed(srv));
-	kvs_lane_stats lst;
-	kvs__lanes_stats(srv, &lst);
-	C("lanes_open", lst.open);
-	C("lanes_attached", lst.attached);
-	C("lanes_closed_bad", lst.closed_bad);
-	C("lane_requests", lst.requests);
-	C("lane_replies", lst.replies);
-	C("lane_replies_diverted", lst.diverted);
-	C("lane_writes", lst.writes);
-	C("lane_late_flushes", lst.late);
-	C("auth_refused", kvs_auth_refused(srv->auth));
+	n = surface_collect(srv, c, n);
 	C("log_lines_dropped", kvs_log_dropped());
 	C("metrics_port", srv->metrics_port);
+	C("metrics_conns_cut", srv->st.metrics_conns_cut);
 	kvs_cuda_stats cs = {0};
 	if (srv->cuda)
 		kvs_cuda_get_stats(srv->cuda, &cs);

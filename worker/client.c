@@ -54,6 +54,17 @@ void kvs__waiter_done(const kvs_result *res, void *arg)
 	pthread_mutex_unlock(&w->mu);
 }
 
+bool kvs__forked(kvs_client *c)
+{
+	if (getpid() == c->pid)
+		return false;
+	static atomic_bool said;
+	if (!atomic_exchange(&said, true))
+		kvs_err("this kvside client was opened by process %d and cannot be used in its forked child %d: "
+			"open a new client in the child (calls fail with E_SESSION)", (int)c->pid, (int)getpid());
+	return true;
+}
+
 bool kvs__on_io_thread(kvs_client *c)
 {
 	return c->thr_started && pthread_equal(pthread_self(), c->thr);
@@ -61,6 +72,10 @@ bool kvs__on_io_thread(kvs_client *c)
 
 int kvs__call_req(kvs_client *c, kvs__req *r, kvs__waiter *w)
 {
+	if (kvs__forked(c)) {
+		kvs__req_free(r);
+		return KVS_E_SESSION;
+	}
 	if (kvs__on_io_thread(c)) {
 		kvs__req_free(r);
 		return -EDEADLK;
@@ -84,6 +99,8 @@ int kvs__call_req(kvs_client *c, kvs__req *r, kvs__waiter *w)
 
 int kvs__call(kvs_client *c, kvs_msg *m, int timeout_ms, kvs__waiter *w)
 {
+	if (kvs__forked(c))
+		return KVS_E_SESSION;
 	if (kvs__on_io_thread(c))
 		return -EDEADLK;
 	kvs__req *r;
@@ -132,6 +149,7 @@ int kvs_client_open(const kvs_client_config *cfg, kvs_client **ret)
 	kvs_client *c = calloc(1, sizeof(*c));
 	if (!c)
 		return -ENOMEM;
+	c->pid = getpid();
 	int r;
 	if (cfg->broker_dir)
 		snprintf(c->broker_dir, sizeof(c->broker_dir), "%s", cfg->broker_dir);
@@ -242,6 +260,14 @@ void kvs_client_close(kvs_client *c)
 {
 	if (!c)
 		return;
+	if (kvs__forked(c)) {
+		/* the parent's: no bye (it would end the parent's session), no
+		 * join (the I/O thread is not in this process), no ZeroMQ (its
+		 * context would wait for that thread), no lock (one may have been
+		 * held at the fork). What the child inherited stays as it is;
+		 * the struct is left to the process's exit. */
+		return;
+	}
 	atomic_store(&c->closing, true);
 	if (c->thr_started && atomic_load(&c->session)) {
 		kvs_msg m = {.op = KVS_OP_BYE, .session = atomic_load(&c->session)};
@@ -574,6 +600,8 @@ static void hybrid_window(const kvs_client *c, uint64_t t0, uint64_t *from, uint
 
 int kvs_job_wait(kvs_client *c, uint64_t job, int timeout_ms, int *ret_state)
 {
+	if (kvs__forked(c))
+		return KVS_E_SESSION;
 	if (kvs__on_io_thread(c))
 		return -EDEADLK;
 	struct timespec ts;

@@ -15,6 +15,7 @@
 #define KVS_CLIENT_INT_H
 
 #include <pthread.h>
+#include <sys/types.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -139,6 +140,9 @@ struct kvs_client {
 	void *event_arg;
 	pthread_t thr;
 	bool thr_started;
+	pid_t pid; /* the process that opened it: in a forked child (another pid)
+	            * every call fails at once (kvs__forked) and close releases
+	            * nothing the parent's client still uses */
 
 	/* submit queue: guarded by mu */
 	pthread_mutex_t mu;
@@ -216,6 +220,11 @@ typedef struct kvs__waiter {
 /* ---- requests (client_io.c) ---- */
 
 /* Wakes the I/O thread (its eventfd). */
+/* True in a process forked after c was opened: the I/O thread, the session
+ * and the lane are the parent's. Logs the first time. Callers return
+ * KVS_E_SESSION before they touch a lock (the parent's threads may have held
+ * one at the fork). */
+bool kvs__forked(kvs_client *c);
 void kvs__wake(kvs_client *c);
 int kvs__timeout_of(kvs_client *c, int timeout_ms);
 /* Encodes msg (assigning its id) into a new request due within timeout_ms

@@ -62,6 +62,10 @@ void kvs__req_free(kvs__req *r)
 
 int kvs__req_submit(kvs_client *c, kvs__req *r)
 {
+	if (kvs__forked(c)) {
+		kvs__req_free(r);
+		return KVS_E_SESSION;
+	}
 	pthread_mutex_lock(&c->mu);
 	if (c->stop) {
 		pthread_mutex_unlock(&c->mu);

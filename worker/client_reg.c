@@ -144,6 +144,8 @@ int kvs_register(kvs_client *c, const kvs_registration_desc *d, int timeout_ms, 
 	if (!d || d->n_allocs == 0 || d->n_allocs > KVS_MAX_ALLOCS || d->n_groups > KVS_MAX_GROUPS ||
 	    d->n_layers > KVS_MAX_LAYERS)
 		return KVS_E_LIMIT;
+	if (kvs__forked(c))
+		return KVS_E_SESSION;
 	if (kvs__on_io_thread(c))
 		return -EDEADLK;
 	kvs__creg *g = NULL;
@@ -172,6 +174,8 @@ int kvs_register(kvs_client *c, const kvs_registration_desc *d, int timeout_ms, 
 
 int kvs_unregister(kvs_client *c, uint64_t handle, int timeout_ms)
 {
+	if (kvs__forked(c))
+		return KVS_E_SESSION;
 	/* out of the list while the request runs: a restore starting meanwhile
 	 * does not bring it back, and one already pushing it unregisters what it
 	 * restored (on_reregister) */

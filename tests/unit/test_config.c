@@ -170,6 +170,10 @@ static const struct {
 	{"l1-size: \"1G\n", {"syntax error", "l1-size"}},
 	{"l1-size: 1G\nttl-ms: 1: 2\n", {":2:", "syntax error"}},
 	{"log-level: &x info\nl2-sync: *x\n", {":2:", "l2-sync", "an alias"}},
+	/* a NUL inside a double-quoted string would cut the C string short */
+	{"broker-dir: \"/tmp/kvs-x\\0/../../etc\"\n", {":1:", "broker-dir", "NUL"}},
+	{"ttl-ms: 1000\nl2-path: \"/tmp/a\\0b\"\n", {":2:", "l2-path", "NUL"}},
+	{"\"ttl-ms\\0x\": 1000\n", {":1:", "NUL"}},
 };
 
 START_TEST(bad_values_name_the_setting)

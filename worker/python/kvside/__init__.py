@@ -367,17 +367,28 @@ def _event_hashes_arg(hashes, n):
     return b
 
 
+def _check_int64(ids):
+    """Unsigned 64-bit ids are read as int64: one above 2^63 - 1 would turn
+    negative (2^64 - 1 into -1), so such a buffer is refused."""
+    if len(ids) and int(max(ids)) > 0x7FFFFFFFFFFFFFFF:
+        raise ValueError("block ids must be 64-bit signed integers: %d is above 2^63 - 1" % int(max(ids)))
+
+
 def _ids_buffer(ids):
     """One group's block ids -> (address, count, keepalive), without touching
     the ids one by one where they already sit in a buffer of int64: an
     array('q'), a C-contiguous numpy int64 array, or a CPU torch int64 tensor.
     Anything else (a list, a range) is converted once by array('q')."""
     if isinstance(ids, _array.array) and ids.itemsize == 8 and ids.typecode in "qlQL":
+        if ids.typecode in "QL":
+            _check_int64(ids)
         addr, n = ids.buffer_info()
         return addr, n, ids
     ai = getattr(ids, "__array_interface__", None)
     if ai is not None and ai.get("typestr") in ("<i8", "<u8") and len(ai.get("shape", ())) == 1:
         if ai.get("strides") in (None, (8,)):
+            if ai["typestr"] == "<u8":
+                _check_int64(ids)
             return ai["data"][0], ai["shape"][0], ids
     if hasattr(ids, "data_ptr") and hasattr(ids, "dtype") and str(ids.dtype) == "torch.int64":
         if getattr(ids, "is_cuda", False):
