@@ -270,5 +270,9 @@ typedef struct kvs_kvevent {
 /* Encodes one batch; *ret_buf is malloc'd (the caller frees). 0, -EINVAL (an
  * unknown kind) or -ENOMEM. */
 int kvs_kvevents_encode(const kvs_kvevent *evs, uint32_t n, double ts, void **ret_buf, size_t *ret_len);
+/* A KV-event replay request (protocol.md §17), its frames after the routing
+ * id: (b"", start) with start 8 bytes big-endian. 0 and *start, or
+ * KVS_E_BADMSG (another shape: the server answers the end marker alone). */
+int kvs_kvevents_replay_request(const uint8_t *const *frames, const size_t *lens, uint32_t n, uint64_t *start);
 
 #endif

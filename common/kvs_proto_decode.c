@@ -509,3 +509,16 @@ bool kvs_msg_has(const kvs_msg *msg, const char *name)
 			return (msg->present_ >> i) & 1;
 	return false;
 }
+
+int kvs_kvevents_replay_request(const uint8_t *const *frames, const size_t *lens, uint32_t n, uint64_t *start)
+{
+	/* (a DEALER sends exactly (b"", start); older clients may omit the
+	 * delimiter: the last frame is the start) */
+	if (n < 1 || n > 2 || lens[n - 1] != 8 || (n == 2 && lens[0] != 0))
+		return KVS_E_BADMSG;
+	uint64_t v = 0;
+	for (int i = 0; i < 8; i++)
+		v = v << 8 | frames[n - 1][i];
+	*start = v;
+	return 0;
+}

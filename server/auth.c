@@ -12,8 +12,9 @@
 
 #define KVS_LOG_COMPONENT "auth"
 #include "kvs_log.h"
+#include "keyline.h"
 
-#define KEY_Z85 40
+#define KEY_Z85 KVS_KEY_Z85
 #define MAX_KEYS 4096
 
 typedef struct akey {
@@ -101,41 +102,6 @@ static int load_server_key(kvs_auth *a, const char *dir)
 
 static int key_cmp(const void *x, const void *y) { return memcmp(((const akey *)x)->pub, ((const akey *)y)->pub, 32); }
 
-/* One line of authorized-keys (NUL-terminated, any length): 1 with the key
- * in *k, 0 for a blank or comment line, -1 for a line that is not a key. */
-static int parse_key_line(char *line, akey *k)
-{
-	/* a comment starts at a '#' that begins a word: z85 keys contain '#' */
-	for (char *h = line; *h; h++)
-		if (*h == '#' && (h == line || h[-1] == ' ' || h[-1] == '\t')) {
-			*h = '\0';
-			break;
-		}
-	char *words[3] = {NULL, NULL, NULL};
-	int nw = 0;
-	for (char *p = line; *p;) {
-		while (*p == ' ' || *p == '\t' || *p == '\r' || *p == '\n')
-			*p++ = '\0';
-		if (!*p)
-			break;
-		if (nw == 3)
-			return -1; /* more words than "<key> admin" */
-		words[nw++] = p;
-		while (*p && *p != ' ' && *p != '\t' && *p != '\r' && *p != '\n')
-			p++;
-	}
-	if (nw == 0)
-		return 0;
-	if (strlen(words[0]) != KEY_Z85 || !zmq_z85_decode(k->pub, words[0]))
-		return -1;
-	if (nw == 2 && strcmp(words[1], "admin") != 0)
-		return -1; /* an unknown flag: refused rather than taken as a plain key */
-	if (nw > 2)
-		return -1;
-	k->admin = nw == 2;
-	return 1;
-}
-
 /* authorized-keys: "<z85 public key> [admin] [# comment]" per line, lines of
  * any length (getline: a long comment line is one line, never several).
  * Re-read when its mtime or size changes; a missing file admits no key. The
@@ -169,7 +135,7 @@ static bool load_keys(kvs_auth *a)
 			bad++;
 			continue;
 		}
-		int r = parse_key_line(line, &a->keys[n]);
+		int r = kvs_keyline_parse(line, a->keys[n].pub, &a->keys[n].admin);
 		if (r < 0) {
 			if (bad++ == 0)
 				kvs_warn("%s:%u: not \"<z85 key> [admin]\": line ignored", a->keys_path, lineno);

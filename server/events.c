@@ -373,27 +373,38 @@ drop:
 
 void *kvs_events_replay_socket(kvs_events *e) { return e ? e->replay : NULL; }
 
-/* Receives one multipart request: its first frame (the routing id) into id
- * and its last into last; false when nothing is waiting. */
-static bool recv_request(void *s, zmq_msg_t *id, uint8_t last[8], size_t *last_len)
+/* Receives one multipart request: its first frame (the routing id) into id,
+ * and the start sequence the rest asks for into *start; false when nothing
+ * is waiting. *ok says whether the rest was a request at all. */
+static bool recv_request(void *s, zmq_msg_t *id, uint64_t *start, bool *ok)
 {
 	if (zmq_msg_recv(id, s, ZMQ_DONTWAIT) < 0)
 		return false;
-	*last_len = 0;
-	bool more = zmq_msg_more(id);
+	zmq_msg_t f[2];
+	uint32_t n = 0;
+	bool more = zmq_msg_more(id), extra = false;
 	while (more) {
-		zmq_msg_t f;
-		zmq_msg_init(&f);
-		if (zmq_msg_recv(&f, s, 0) < 0) {
-			zmq_msg_close(&f);
+		zmq_msg_t x, *m = n < 2 ? &f[n] : &x;
+		zmq_msg_init(m);
+		if (zmq_msg_recv(m, s, 0) < 0) {
+			zmq_msg_close(m);
 			break;
 		}
-		more = zmq_msg_more(&f);
-		*last_len = zmq_msg_size(&f);
-		if (*last_len == 8)
-			memcpy(last, zmq_msg_data(&f), 8);
-		zmq_msg_close(&f);
+		more = zmq_msg_more(m);
+		if (n < 2)
+			n++;
+		else {
+			extra = true;
+			zmq_msg_close(m);
+		}
 	}
+	const uint8_t *data[2];
+	size_t lens[2];
+	for (uint32_t i = 0; i < n; i++)
+		data[i] = zmq_msg_data(&f[i]), lens[i] = zmq_msg_size(&f[i]);
+	*ok = !extra && kvs_kvevents_replay_request(data, lens, n, start) == 0;
+	for (uint32_t i = 0; i < n; i++)
+		zmq_msg_close(&f[i]);
 	return true;
 }
 
@@ -438,27 +449,25 @@ static void take_requests(kvs_events *e, uint64_t now_ms)
 	for (int budget = 0; budget < REPLAY_REQS_PASS; budget++) {
 		zmq_msg_t id;
 		zmq_msg_init(&id);
-		uint8_t start[8];
-		size_t sl = 0;
-		if (!recv_request(e->replay, &id, start, &sl)) {
+		uint64_t start = 0;
+		bool ok = false;
+		if (!recv_request(e->replay, &id, &start, &ok)) {
 			zmq_msg_close(&id);
 			return;
 		}
 		e->st.replay_requests++;
-		replay_cur c = {.idl = zmq_msg_size(&id), .end = e->next_seq, .progress_ms = now_ms};
+		replay_cur c = {.idl = zmq_msg_size(&id), .next = start, .end = e->next_seq, .progress_ms = now_ms};
 		if (c.idl > sizeof(c.id)) { /* (ZeroMQ routing ids are at most 255 bytes) */
 			zmq_msg_close(&id);
 			continue;
 		}
 		memcpy(c.id, zmq_msg_data(&id), c.idl);
 		zmq_msg_close(&id);
-		for (int i = 0; sl == 8 && i < 8; i++)
-			c.next = c.next << 8 | start[i];
 		uint32_t at = 0;
 		while (at < e->n_curs && (e->curs[at].idl != c.idl || memcmp(e->curs[at].id, c.id, c.idl) != 0))
 			at++;
-		if (sl != 8 || (at == e->n_curs && e->n_curs == REPLAY_MAX)) {
-			if (sl == 8)
+		if (!ok || (at == e->n_curs && e->n_curs == REPLAY_MAX)) {
+			if (ok)
 				e->st.replays_refused++;
 			(void)send_to(e, &c, "", 0, END_SEQ, NULL);
 			continue;

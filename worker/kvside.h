@@ -105,7 +105,13 @@ KVS_EXPORT int kvs_client_open(const kvs_client_config *cfg, kvs_client **ret);
 
 /** Says bye (waiting at most 1 s), stops the I/O thread, fails requests still
  * pending with -ECANCELED, closes duplicated fds, frees. Accepts NULL. Must
- * not be called from a callback. */
+ * not be called from a callback.
+ *
+ * fork(): a client belongs to the process that opened it. In a child forked
+ * after kvs_client_open, every call on it returns #KVS_E_SESSION at once
+ * (logged once) and kvs_client_close returns without a bye, a join or any
+ * lock, leaving the parent's session, lane and registrations as they are;
+ * a child opens a client of its own. */
 KVS_EXPORT void kvs_client_close(kvs_client *c);
 
 /** Current session id (changes after a reconnect). */

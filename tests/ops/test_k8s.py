@@ -148,7 +148,7 @@ except ImportError:
 c.ok(k8s_models is not None, "python3-kubernetes is installed (the API field check needs it)")
 NEWER_FIELDS = {("V1Container", "restartPolicy"): "str"}  # native sidecars, Kubernetes 1.28+
 KINDS = {"Pod": "V1Pod", "ConfigMap": "V1ConfigMap", "DaemonSet": "V1DaemonSet", "Service": "V1Service",
-         "Deployment": "V1Deployment", "StatefulSet": "V1StatefulSet"}
+         "Deployment": "V1Deployment", "StatefulSet": "V1StatefulSet", "NetworkPolicy": "V1NetworkPolicy"}
 
 
 def check_shape(value, typ, where):
