@@ -348,30 +348,40 @@ class SecurityTest(unittest.TestCase):
         for s in slow:
             s.close()
 
-    def test_replay_flood(self):
+    def fill_events(self, c, secs, keys_per_job, pause):
+        job = 0
+        t_end = time.time() + secs
+        while time.time() < t_end:  # many ticks of stores (and L1 evictions)
+            job += 1
+            keys = [os.urandom(32) for _ in range(keys_per_job)]
+            base = (job * keys_per_job) % (256 - keys_per_job)
+            c.store(job, keys, [list(range(base, base + keys_per_job))])
+            c.complete(job)
+            if pause:
+                time.sleep(pause)
+
+    def events_server(self, *extra):
         srv = self.srv = Server(prefix="kvt-sec-", l1_size="4M")
         pub = "ipc://" + os.path.join(srv.tmp, "ev.pub")
         replay = "ipc://" + os.path.join(srv.tmp, "ev.replay")
-        srv.extra = ["--kv-events", pub, "--kv-events-replay", replay, "--kv-events-buffer-bytes", "64K"]
+        srv.extra = ["--kv-events", pub, "--kv-events-replay", replay] + list(extra)
         srv.start()
-        block, bpc, blocks = 4 << 10, 1, 256
-        mem = kvside.HostMemory(blocks * block)
+        mem = kvside.HostMemory(256 * 4096)
         c = kvside.Client("ev", "ns", rank=0, world=1, broker_dir=srv.run, timeout_ms=5000)
-        c.register_memory([mem], groups=[kvside.Group(0, "attention", 16, bpc)],
-                          layers=[kvside.Layer(0, 0, 0, blocks, block, block)])
-        job = 0
-        t_end = time.time() + 3
-        while time.time() < t_end:  # many ticks of stores (and L1 evictions)
-            job += 1
-            keys = [os.urandom(32) for _ in range(4)]
-            c.store(job, keys, [list(range(4 * (job % 60), 4 * (job % 60) + 4))])
-            c.complete(job)
-            time.sleep(0.003)  # small batches: each tick's under the bound
+        c.register_memory([mem], groups=[kvside.Group(0, "attention", 16, 1)],
+                          layers=[kvside.Layer(0, 0, 0, 256, 4096, 4096)])
+        return srv, replay, mem, c
+
+    def test_replay_flood(self):
+        # a ring of tens of MiB (the default bounds), then 4 replay peers
+        # that never read, 3 requests each: the replays share the ring's
+        # payloads (36206b5 copied the whole ring per request in one pass)
+        srv, replay, mem, c = self.events_server()
+        self.fill_events(c, 4, 128, 0)
         st = c.stats()
-        self.assertLessEqual(st["kv_events_ring_bytes"], 64 << 10)
-        self.assertGreater(st["kv_events_ring_dropped"], 0)
-        self.assertGreater(st["kv_events_ring_batches"], 0)
-        # four replay peers that never read, three requests each
+        ring = st["kv_events_ring_bytes"]
+        self.assertGreater(ring, 8 << 20, "the ring holds %d bytes" % ring)
+        rss0 = rss_kib(srv.proc.pid)
         flood = []
         for _ in range(4):
             d = self.ctx.socket(zmq.DEALER)
@@ -383,10 +393,14 @@ class SecurityTest(unittest.TestCase):
             flood.append(d)
         hb = Raw(self.ctx, srv)
         hs = hb.hello()
+        peak = rss0
         for _ in range(40):
             rep = hb.call({"op": "heartbeat", "session": hs}, timeout=3.0)
             self.assertTrue(rep and rep["ok"], "a heartbeat went unanswered during the replay flood")
+            peak = max(peak, rss_kib(srv.proc.pid))
             time.sleep(0.02)
+        grown = (peak - rss0) << 10
+        self.assertLess(grown, 2 * ring, "RSS grew %d bytes for 12 replays of a %d-byte ring" % (grown, ring))
         # a reader gets every kept batch in order, then the end marker
         r = self.ctx.socket(zmq.DEALER)
         r.setsockopt(zmq.LINGER, 0)
@@ -407,6 +421,16 @@ class SecurityTest(unittest.TestCase):
             d.close(0)
         r.close(0)
         hb.close()
+        c.close()
+        mem.close()
+
+    def test_replay_ring_is_bounded_in_bytes(self):
+        srv, replay, mem, c = self.events_server("--kv-events-buffer-bytes", "64K")
+        self.fill_events(c, 2, 4, 0.003)  # small batches: each tick's under the bound
+        st = c.stats()
+        self.assertLessEqual(st["kv_events_ring_bytes"], 64 << 10)
+        self.assertGreater(st["kv_events_ring_dropped"], 0)
+        self.assertGreater(st["kv_events_ring_batches"], 0)
         c.close()
         mem.close()
 
