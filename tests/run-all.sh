@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite: unit + integration + bench-smoke + e2e + vllm +
-# sglang + wheel + ops + l3 (the Redis Cluster client against a cluster the
+# vllm-engine (real vLLM engines: the environment is made first) + sglang +
+# wheel + ops + l3 (the Redis Cluster client against a cluster the
 # test starts) + chaos (faults injected into real servers, docs/reliability.md)
 # in a normal build; the multi-process integration tests again
 # with the server under valgrind (leaks and errors fail them); unit +
@@ -10,6 +11,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ./configs/install-deps.sh || exit 1
+# the real vLLM of the engine tests, in its own virtual environment (pinned)
+tests/vllm_engine/make-venv.sh build-vllm-venv || echo "== vllm-engine: environment not made (the tests skip)"
 passed=0; failed=0
 run_suite() { # build-dir label meson-test-args...
   local dir=$1 label=$2; shift 2
@@ -29,7 +32,7 @@ build() { # dir args...
   ninja -C "$d" >/dev/null || { ninja -C "$d"; return 1; }
 }
 if build build; then
-  run_suite build "normal build" --suite unit --suite integration --suite bench-smoke --suite e2e --suite vllm --suite sglang --suite wheel --suite ops --suite l3 --suite chaos
+  run_suite build "normal build" --suite unit --suite integration --suite bench-smoke --suite e2e --suite vllm --suite vllm-engine --suite sglang --suite wheel --suite ops --suite l3 --suite chaos
   run_suite build "server under valgrind" --setup valgrind spine jobs hybrid ops python_binding
 else failed=$((failed + 1)); fi
 if build build-asan -Db_sanitize=address,undefined -Db_lundef=false; then

@@ -11,6 +11,9 @@ Host tensors must live in shareable memory: a MAP_SHARED mapping of a memfd
 fd. :func:`host_allocation` finds it from the address through
 /proc/self/maps and the process's open fds; anonymous memory (what
 ``torch.zeros`` gives) is refused with :class:`LayoutError` saying so.
+:func:`make_shareable` moves the anonymous storage of torch tensors into
+sealed memfds, re-pointing the tensors (what the vLLM connector does with
+vLLM's CPU caches at ``register_kv_caches``).
 """
 
 import fcntl
@@ -124,6 +127,61 @@ def host_allocation(ptr, nbytes, what="cache"):
             raise
         return HostAlloc(fd, size, inode, lo, hi, off)
     raise LayoutError("%s at 0x%x is not mapped in this process" % (what, ptr))
+
+
+def _anonymous(ptr):
+    for lo, hi, _perms, _off, inode, path in _maps():
+        if lo <= ptr < hi:
+            return inode == 0 or not path
+    return False
+
+
+def make_shareable(tensors, name="kvside-kv"):
+    """Moves the anonymous host storage behind ``tensors`` (torch tensors; a
+    list or tuple nests) into sealed memfds, one per storage, copying its
+    bytes and re-pointing every given tensor with ``Tensor.set_`` (same
+    offset, sizes and strides), so views that shared a storage share the new
+    one. Tensors on a device, or already in a file mapping, are left alone.
+
+    Returns the memfds (the caller keeps them open while the memory is
+    registered: :func:`host_allocation` names the memory by them). Tensor
+    objects not given keep the old storage, which is freed once they go:
+    pass every view the engine uses (vLLM's ``kv_caches`` values are the
+    layers' own tensors)."""
+    flat = []
+
+    def walk(x):
+        if isinstance(x, (list, tuple)):
+            for y in x:
+                walk(y)
+        elif hasattr(x, "untyped_storage") and getattr(getattr(x, "device", None), "type", "") == "cpu":
+            flat.append(x)
+    walk(tensors)
+    groups = {}
+    for t in flat:
+        st = t.untyped_storage()
+        groups.setdefault(st.data_ptr(), (st, []))[1].append(t)
+    fds = []
+    add, shrink, grow = (getattr(fcntl, "F_ADD_SEALS", 1033), getattr(fcntl, "F_SEAL_SHRINK", 0x0002),
+                         getattr(fcntl, "F_SEAL_GROW", 0x0004))
+    try:
+        for ptr, (st, ts) in groups.items():
+            if st.nbytes() == 0 or not _anonymous(ptr):
+                continue
+            import torch
+            fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+            fds.append(fd)
+            os.ftruncate(fd, st.nbytes())
+            fcntl.fcntl(fd, add, shrink | grow)
+            new = torch.UntypedStorage.from_file("/proc/self/fd/%d" % fd, shared=True, nbytes=st.nbytes())
+            new.copy_(st)
+            for t in ts:
+                t.set_(new, t.storage_offset(), t.size(), t.stride())
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+    return fds
 
 
 def _fd_of_inode(inode, lo, hi):

@@ -29,7 +29,7 @@ import time
 import kvside
 
 from .groups import NULL, kvside_groups
-from ..layout import LayoutError, block_views, host_allocation, view_extent
+from ..layout import LayoutError, block_views, host_allocation, make_shareable, view_extent
 
 log = logging.getLogger("kvside.vllm")
 
@@ -65,6 +65,9 @@ class WorkerSide:
         """kv_caches: {layer name: tensor or list of tensors}. group_of_layer:
         {layer name: group index} (names outside every group are skipped, as
         are aliases of a tensor already seen)."""
+        # vLLM's CPU caches are anonymous torch.zeros: into sealed memfds
+        # (their bytes are still zero; every layer's tensor re-pointed)
+        self._memfds = make_shareable([t for n, t in kv_caches.items() if n in group_of_layer])
         views, seen = [], set()
         for name, t in kv_caches.items():
             g = group_of_layer.get(name)
@@ -135,6 +138,9 @@ class WorkerSide:
         if self.client is not None:
             self.client.close()
             self.client = None
+        for fd in getattr(self, "_memfds", ()):
+            os.close(fd)  # (the engine's mapping of each stays)
+        self._memfds = []
 
     # ---- events -------------------------------------------------------------------------------
 

