@@ -21,7 +21,7 @@ def main():
     from vllm.inputs import TokensPrompt
 
     kw = dict(model=job["model"], skip_tokenizer_init=True, enforce_eager=True, dtype=job.get("dtype", "float32"),
-              max_model_len=512, block_size=job.get("block_size", 32), seed=0,
+              max_model_len=job.get("max_len", 512), block_size=job.get("block_size", 32), seed=0,
               kv_cache_memory_bytes=job.get("kv_bytes", 64 << 20),
               tensor_parallel_size=job.get("tp", 1), enable_prefix_caching=job.get("prefix_caching", True))
     if job.get("connector") is not None:

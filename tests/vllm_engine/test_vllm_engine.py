@@ -12,7 +12,11 @@ real kvside-server (tests/python/kvt_server.py).
   2. another engine process, started after the first exited: the same
      hits, the same tokens (prefix caching on, as vLLM runs by default);
   3. the server restarted with its L2 between the two: hits from L2, the
-     same tokens.
+     same tokens;
+  4. a sliding-window model (Mistral-style, window 32): only the window's
+     chunk is retrieved, the same tokens;
+  5. tensor parallelism 2 (two worker processes, gloo): each rank stores
+     and retrieves its shard, the same tokens.
 
 Run by the virtual environment's python (tests/vllm_engine/run.sh); the
 environment names the server and libkvside as for tests/python."""
@@ -36,19 +40,26 @@ A = [(7 * i + 3) % 500 + 1 for i in range(300)]
 B = A[:4 * CHUNK] + [(11 * i + 5) % 500 + 1 for i in range(40)]
 
 
-def make_model(path):
+def make_model(path, kind="llama"):
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    import transformers
     # head_dim 32: the smallest the CPU attention kernels take
-    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
-                      num_key_value_heads=2, head_dim=32, vocab_size=512, max_position_embeddings=512)
+    shape = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+                 num_key_value_heads=2, head_dim=32, vocab_size=512, max_position_embeddings=512)
+    if kind == "llama":
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**shape))
+    else:  # Mistral-style with a 32-token sliding window: vLLM's SlidingWindowSpec
+        torch.manual_seed(0)
+        model = transformers.MistralForCausalLM(transformers.MistralConfig(sliding_window=32, **shape))
     torch.manual_seed(0)
-    LlamaForCausalLM(cfg).to(torch.float32).save_pretrained(path)
+    model.to(torch.float32).save_pretrained(path)
 
 
 def engine(job, timeout=600):
     env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "worker", "python"), HF_HUB_OFFLINE="1",
                VLLM_ENABLE_V1_MULTIPROCESSING="0")
+    if job.get("tp", 1) > 1:  # one OpenMP thread set per worker (this machine has one NUMA node)
+        env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(i % os.cpu_count()) for i in range(job["tp"]))
     r = subprocess.run([sys.executable, os.path.join(HERE, "engine.py"), json.dumps(job)], env=env,
                        capture_output=True, text=True, timeout=timeout)
     for line in r.stdout.splitlines():
@@ -60,6 +71,32 @@ def engine(job, timeout=600):
 def stats(srv):
     with kvside.Client("probe", "probe", role="scheduler", broker_dir=srv.run, timeout_ms=3000) as c:
         return c.stats()
+
+
+class ShareableTest(unittest.TestCase):
+    """layout.make_shareable on tensors shaped as vLLM's CPU caches: views of
+    one anonymous int8 buffer (torch.zeros), one per layer."""
+
+    def test_views_move_into_one_sealed_memfd(self):
+        import fcntl
+        import torch
+        from kvside.layout import host_allocation, make_shareable
+        raw = torch.zeros(2 * 64 * 4096, dtype=torch.int8)
+        layers = [raw[i * 64 * 4096:(i + 1) * 64 * 4096].view(torch.float32).view(64, 2, 16, 32) for i in range(2)]
+        layers[1][3, 1, 2, 5] = 7.5
+        with self.assertRaises(ValueError):  # anonymous: refused as it is
+            host_allocation(layers[0].data_ptr(), 64 * 4096)
+        fds = make_shareable(layers)
+        self.addCleanup(lambda: [os.close(fd) for fd in fds])
+        self.assertEqual(len(fds), 1, "one memfd per storage")
+        self.assertEqual(layers[1][3, 1, 2, 5].item(), 7.5, "bytes copied")
+        self.assertEqual(layers[1].data_ptr() - layers[0].data_ptr(), 64 * 4096, "still views of one buffer")
+        seals = fcntl.fcntl(fds[0], fcntl.F_GET_SEALS)
+        self.assertTrue(seals & fcntl.F_SEAL_SHRINK)
+        a = host_allocation(layers[1].data_ptr(), 64 * 4096)
+        os.close(a.fd)
+        self.assertEqual(a.size, 2 * 64 * 4096)
+        self.assertEqual(make_shareable(layers), [], "already shareable: nothing moves")
 
 
 class EngineTest(unittest.TestCase):
@@ -74,6 +111,19 @@ class EngineTest(unittest.TestCase):
     def job(self, srv, runs, **kw):
         return dict({"model": self.model, "runs": runs,
                      "connector": {"broker_dir": srv.run, "chunk_tokens": CHUNK}}, **kw)
+
+    def tokens(self, out):
+        return [[p["tokens"] for p in run] for run in out["runs"]]
+
+    def same_with_and_without(self, model, **kw):
+        """A then B on one engine without the connector and on one with it
+        (vLLM's prefix cache off both times): (tokens, tokens, server stats)."""
+        srv = self.server()
+        base = engine(dict({"model": model, "runs": [[A], [B]], "prefix_caching": False}, **kw))
+        out = engine(dict(self.job(srv, [[A], [B]], prefix_caching=False), model=model, **kw))
+        st = stats(srv)
+        self.assertEqual(srv.stop(), 0)
+        return self.tokens(base), self.tokens(out), st
 
     def server(self, **kw):
         srv = Server(prefix="kvt-vllm-", ttl_ms=10000, **kw)
@@ -114,6 +164,22 @@ class EngineTest(unittest.TestCase):
         st = stats(srv)
         self.assertGreaterEqual(st["hits_l2"], 4, st)
         self.assertEqual(srv.stop(), 0)
+
+    def test_4_sliding_window(self):
+        model = os.path.join(self.tmp, "mistral-sw32")
+        make_model(model, "mistral")
+        base, out, st = self.same_with_and_without(model)
+        self.assertEqual(out, base)
+        self.assertGreaterEqual(st["hits"], 4)
+        # the window (32 tokens) needs the last hit chunk only
+        self.assertGreaterEqual(st["retrieve_objects"], 1)
+        self.assertLess(st["retrieve_objects"], 4)
+
+    def test_5_tensor_parallel_2(self):
+        base, out, st = self.same_with_and_without(self.model, tp=2)
+        self.assertEqual(out, base)
+        self.assertGreaterEqual(st["hits"], 4)
+        self.assertGreaterEqual(st["retrieve_objects"], 8, "4 chunks on each of 2 ranks")
 
 
 if __name__ == "__main__":
