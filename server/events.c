@@ -525,7 +525,8 @@ bool kvs_events_replay(kvs_events *e, uint64_t now_ms, bool readable)
 		return false;
 	if (readable)
 		take_requests(e, now_ms);
-	/* one batch at a time round the replays, REPLAY_PASS in all */
+	/* the replays in turn (from where the last pass stopped), each sending
+	 * what its peer takes until the pass's REPLAY_PASS batches are spent */
 	uint32_t budget = REPLAY_PASS;
 	bool progress = true;
 	while (budget && e->n_curs && progress) {

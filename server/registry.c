@@ -376,9 +376,11 @@ static int validate(kvs_server *srv, const kvs_msg *rq)
 		if (l->block_bytes > l->block_stride)
 			return kvs__fail(srv, KVS_E_GEOMETRY, "layers[%u]: block_bytes %llu exceeds block_stride %llu", i,
 					 (unsigned long long)l->block_bytes, (unsigned long long)l->block_stride);
+		/* the last block ends at offset + (num_blocks - 1) * stride +
+		 * block_bytes: a padded stride need not fit after it */
 		uint64_t span, end;
-		if (__builtin_mul_overflow(l->num_blocks, l->block_stride, &span) ||
-		    __builtin_add_overflow(l->offset, span, &end))
+		if (__builtin_mul_overflow(l->num_blocks - 1, l->block_stride, &span) ||
+		    __builtin_add_overflow(span, l->block_bytes, &span) || __builtin_add_overflow(l->offset, span, &end))
 			return kvs__fail(srv, KVS_E_RANGE, "layers[%u]: offset + num_blocks * block_stride overflows", i);
 		if (end > range[l->alloc])
 			return kvs__fail(srv, KVS_E_RANGE, "layers[%u]: view ends at %llu, beyond allocation %u of %llu bytes",

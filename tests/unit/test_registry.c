@@ -254,6 +254,31 @@ START_TEST(test_bad_geometry)
 }
 END_TEST
 
+/* A view whose stride is padded past its blocks ends at its last block's
+ * bytes, offset + (n - 1) * stride + block_bytes, not at n * stride: vLLM's
+ * Mamba SSM view starts inside each page (after the conv state) with the
+ * page as its stride, and in an exactly-sized memfd its last block ends at
+ * the allocation's end (issue 31). One byte further is refused. */
+START_TEST(test_padded_stride_view_to_the_end)
+{
+	fx f;
+	fx_start(&f, 0, 0);
+	int fd = fx_memfd(ASZ);
+	kvs_session *s = fx_worker(&f, "a", 0, 1);
+	fx_park(&f, 1, 100, ASZ, dup(fd));
+	kvs_layer_desc l = {.group = 3, .alloc = 0, .offset = ASZ - 15 * 512 - 256, .num_blocks = 16,
+			    .block_stride = 512, .block_bytes = 256};
+	l.offset++;
+	expect_bad(&f, s, &G3, 1, &l, 1, KVS_E_RANGE, "beyond allocation");
+	l.offset--;
+	kvs_alloc_desc a = fx_alloc(1, 100, ASZ);
+	ck_assert_int_eq(fx_register(&f, s, &a, 1, &G3, 1, &l, 1), 0);
+	ck_assert_uint_eq(kvs_registry_count(f.srv->reg), 1);
+	close(fd);
+	fx_stop(&f);
+}
+END_TEST
+
 /* Views of different groups may share bytes (vLLM's hybrid allocator lays
  * attention pages and recurrent state pages over one block pool); views of
  * one group still may not. */
@@ -661,6 +686,7 @@ static Suite *registry_suite(void)
 	tcase_add_test(tc, test_alias_within_one_registration);
 	tcase_add_test(tc, test_same_alloc_id_other_memory);
 	tcase_add_test(tc, test_bad_geometry);
+	tcase_add_test(tc, test_padded_stride_view_to_the_end);
 	tcase_add_test(tc, test_groups_share_memory);
 	tcase_add_test(tc, test_ranges);
 	tcase_add_test(tc, test_tokens);
