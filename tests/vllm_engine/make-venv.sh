@@ -28,7 +28,11 @@ rm -rf "$dir"
 # (pip warns once per package about the machine's absent local indexes)
 quiet() { "$dir/bin/python" -m pip install -q --disable-pip-version-check "$@" 2>&1 | { grep -v 'is ignored: it is neither' || true; }; }
 t0=$(date +%s)
-quiet torch==2.13.0
+# the machine's torch wheel (pip's configuration names /opt/wheels too; said
+# here as well, in case CI's environment lacks PIP_FIND_LINKS)
+links=()
+[ -d /opt/wheels ] && links=(--find-links /opt/wheels)
+quiet "${links[@]}" torch==2.13.0+cpu  # +cpu: only the local wheel matches (PyPI has none), never a CUDA build
 quiet --no-deps -r "$req"
 "$dir/bin/python" -c 'import torch, vllm, transformers; print("vllm", vllm.__version__, "torch", torch.__version__)'
 echo "$want" > "$dir/.stamp"
