@@ -16,7 +16,10 @@ real kvside-server (tests/python/kvt_server.py).
   4. a sliding-window model (Mistral-style, window 32): only the window's
      chunk is retrieved, the same tokens;
   5. tensor parallelism 2 (two worker processes, gloo): each rank stores
-     and retrieves its shard, the same tokens.
+     and retrieves its shard, the same tokens;
+  6. a float16 engine's cache is not served to a bfloat16 engine of the
+     same model (their pages have one size, so only the namespace can tell
+     them apart): no hits, the bfloat16 tokens.
 
 Run by the virtual environment's python (tests/vllm_engine/run.sh); the
 environment names the server and libkvside as for tests/python."""
@@ -180,6 +183,15 @@ class EngineTest(unittest.TestCase):
         self.assertEqual(out, base)
         self.assertGreaterEqual(st["hits"], 4)
         self.assertGreaterEqual(st["retrieve_objects"], 8, "4 chunks on each of 2 ranks")
+
+    def test_6_dtype_in_the_namespace(self):
+        srv = self.server()
+        base = engine({"model": self.model, "runs": [[B]], "prefix_caching": False, "dtype": "bfloat16"})
+        engine(self.job(srv, [[A]], dtype="float16"))
+        out = engine(self.job(srv, [[B]], dtype="bfloat16"))
+        self.assertEqual(stats(srv)["hits"], 0, "a float16 cache served to a bfloat16 engine")
+        self.assertEqual(self.tokens(out), self.tokens(base))
+        self.assertEqual(srv.stop(), 0)
 
 
 if __name__ == "__main__":

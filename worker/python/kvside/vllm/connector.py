@@ -74,11 +74,8 @@ class KvsideConnector(KVConnectorBase_V1, SupportsHMA):
                              % (self.cfg.chunk_tokens, hbs))
         mc, cc = vllm_config.model_config, vllm_config.cache_config
         tp = pc.tensor_parallel_size
-        # vLLM uses VLLM_KV_CACHE_LAYOUT over a connector's requirement
-        layout = os.environ.get("VLLM_KV_CACHE_LAYOUT") or self.cfg.kv_layout
-        self.namespace = namespace_of(self.cfg, getattr(mc, "model", "?"),
-                                      str(getattr(cc, "cache_dtype", "auto")), tp, sizes,
-                                      getattr(cc, "prefix_caching_hash_algo", "sha256"), layout)
+        self.namespace = namespace_of(self.cfg, _model_id(mc), _kv_dtype(mc, cc), tp, sizes,
+                                      getattr(cc, "prefix_caching_hash_algo", "sha256"), _layout(cc, self.cfg))
         self.engine = "vllm-%s" % (ktc.engine_id or "0")
         load = self.cfg.load and getattr(ktc, "is_kv_consumer", True)
         store = self.cfg.store if getattr(ktc, "is_kv_producer", True) else "none"
@@ -193,6 +190,33 @@ class KvsideConnector(KVConnectorBase_V1, SupportsHMA):
 
     def request_finished_all_groups(self, request, block_ids):
         return self._sched.request_finished(request, block_ids)
+
+
+def _model_id(mc):
+    """The model as its KV bytes depend on it: its name or path, revision and
+    quantization."""
+    name = str(getattr(mc, "model", "?"))
+    rev, quant = getattr(mc, "revision", None), getattr(mc, "quantization", None)
+    return name + ("@%s" % rev if rev else "") + ("+%s" % quant if quant else "")
+
+
+def _kv_dtype(mc, cc):
+    """The cache's element type: cache_dtype, or the model's dtype when that
+    is "auto" (float16 and bfloat16 pages have one size, so the server could
+    not tell an engine of one from an engine of the other)."""
+    d = str(getattr(cc, "cache_dtype", "auto"))
+    if d == "auto":
+        d = str(getattr(mc, "dtype", "auto")).replace("torch.", "")
+    return d
+
+
+def _layout(cc, cfg):
+    """The layout the engine's caches have: vLLM's resolved one where it has
+    one (cache_config.kv_cache_layout, vLLM >= 0.32: the attention backend may
+    override a connector's wish, as the CPU backend does), else
+    VLLM_KV_CACHE_LAYOUT, which vLLM puts over a connector's requirement, else
+    the one the connector asks for."""
+    return getattr(cc, "kv_cache_layout", None) or os.environ.get("VLLM_KV_CACHE_LAYOUT") or cfg.kv_layout
 
 
 def _hash_block_size(vllm_config, sizes):
