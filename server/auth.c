@@ -32,7 +32,7 @@ struct kvs_auth {
 	struct timespec keys_mtime;
 	uint64_t keys_size;
 	uint64_t next_reload_ms; /* kvs_auth_tick's next look at the file */
-	uint64_t reloads, revoked;
+	uint64_t revoked;
 	bool keys_loaded;
 	akey *keys;
 	uint32_t n_keys;
@@ -150,7 +150,6 @@ static bool load_keys(kvs_auth *a)
 	a->keys_mtime = st.st_mtim;
 	a->keys_size = (uint64_t)st.st_size;
 	a->keys_loaded = true;
-	a->reloads++;
 	kvs_info("authorized keys: %u from %s%s", n, a->keys_path, bad ? " (some lines are not keys: ignored)" : "");
 	return true;
 }

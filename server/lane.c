@@ -18,11 +18,12 @@
  * lane's secret (8 random bytes), then the ZeroMQ routing id of the `lane`
  * request: at least LANE_HDR + 1 bytes, starting 0x00. The ids a ROUTER makes
  * are exactly 5 bytes (0x00, then a counter); ids a peer chooses should not
- * start with 0x00 (ZeroMQ reserves those) but libzmq does not enforce it, so
- * the loop drops every ZeroMQ message whose routing id starts with
- * LANE_MAGIC, whatever its length (kvs__in_lane_space) (loop.c, router_ready: a forged lane ident would route the
- * replies to its request into another session's lane), and kvs__lane_send
- * takes a reply only for the exact ident of a live lane, secret included. */
+ * start with 0x00 (ZeroMQ reserves those) but libzmq does not enforce it. A
+ * forged lane ident would route the replies to its request into another
+ * session's lane, so the loop drops every ZeroMQ message whose routing id
+ * starts with LANE_MAGIC, whatever its length (kvs__in_lane_space, used by
+ * loop.c's router_ready), and kvs__lane_send takes a reply only for the
+ * exact ident of a live lane, secret included. */
 static const uint8_t LANE_MAGIC[3] = {0x00, 'L', 'N'};
 #define LANE_SECRET 11
 #define LANE_HDR 19
@@ -124,7 +125,6 @@ static void last_words(kvs_lane *l)
 
 static void lane_free(kvs_lane *l)
 {
-	/* (its share of the lanes' big input left at lane_kill) */
 	if (l->fd >= 0)
 		close(l->fd);
 	kvs_frame_free(&l->in);

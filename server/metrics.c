@@ -472,20 +472,16 @@ static void notify_conn(void *cls, struct MHD_Connection *conn, void **socket_co
 static void cut_slow(kvs_metrics *m, uint64_t now_ms)
 {
 	pthread_mutex_lock(&m->conn_mu);
-	for (uint32_t i = 0; i < m->n_conns; i++)
-		if (m->conns[i].fd >= 0 && now_ms > m->conns[i].since_ms &&
-		    now_ms - m->conns[i].since_ms > CONN_DEADLINE_MS) {
-			shutdown(m->conns[i].fd, SHUT_RDWR);
-			m->conns[i].fd = -1; /* once; the CLOSED notification cannot match -1 */
-			atomic_fetch_add(&m->conns_cut, 1);
-		}
-	/* entries cut stay until their CLOSED notification, which looks them up
-	 * by fd: they are dropped here instead, their slot is free */
+	/* a connection cut leaves the table now (its CLOSED notification then
+	 * finds nothing): it is shut down once */
 	for (uint32_t i = 0; i < m->n_conns;)
-		if (m->conns[i].fd < 0)
+		if (now_ms > m->conns[i].since_ms && now_ms - m->conns[i].since_ms > CONN_DEADLINE_MS) {
+			shutdown(m->conns[i].fd, SHUT_RDWR);
+			atomic_fetch_add(&m->conns_cut, 1);
 			m->conns[i] = m->conns[--m->n_conns];
-		else
+		} else {
 			i++;
+		}
 	pthread_mutex_unlock(&m->conn_mu);
 }
 

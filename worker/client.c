@@ -72,10 +72,6 @@ bool kvs__on_io_thread(kvs_client *c)
 
 int kvs__call_req(kvs_client *c, kvs__req *r, kvs__waiter *w)
 {
-	if (kvs__forked(c)) {
-		kvs__req_free(r);
-		return KVS_E_SESSION;
-	}
 	if (kvs__on_io_thread(c)) {
 		kvs__req_free(r);
 		return -EDEADLK;
@@ -99,8 +95,6 @@ int kvs__call_req(kvs_client *c, kvs__req *r, kvs__waiter *w)
 
 int kvs__call(kvs_client *c, kvs_msg *m, int timeout_ms, kvs__waiter *w)
 {
-	if (kvs__forked(c))
-		return KVS_E_SESSION;
 	if (kvs__on_io_thread(c))
 		return -EDEADLK;
 	kvs__req *r;

@@ -370,8 +370,9 @@ def _event_hashes_arg(hashes, n):
 def _check_int64(ids):
     """Unsigned 64-bit ids are read as int64: one above 2^63 - 1 would turn
     negative (2^64 - 1 into -1), so such a buffer is refused."""
-    if len(ids) and int(max(ids)) > 0x7FFFFFFFFFFFFFFF:
-        raise ValueError("block ids must be 64-bit signed integers: %d is above 2^63 - 1" % int(max(ids)))
+    top = int(max(ids)) if len(ids) else 0
+    if top > 0x7FFFFFFFFFFFFFFF:
+        raise ValueError("block ids must be 64-bit signed integers: %d is above 2^63 - 1" % top)
 
 
 def _ids_buffer(ids):

@@ -55,6 +55,7 @@ class WorkerSide:
         self._finish_pending = set()
         self._finished_seen = set()
         self._cuda_sync = None
+        self._memfds = []  # make_shareable's memfds behind the registered CPU caches (closed at close)
         self._failed_now = set()  # requests whose synchronous load failed this step
         self.stats = {"loads": 0, "load_errors": 0, "stores": 0,
                       "store_failures": 0, "save_waits_ms": 0, "store_messages": 0}
@@ -138,7 +139,7 @@ class WorkerSide:
         if self.client is not None:
             self.client.close()
             self.client = None
-        for fd in getattr(self, "_memfds", ()):
+        for fd in self._memfds:
             os.close(fd)  # (the engine's mapping of each stays)
         self._memfds = []
 
