@@ -357,6 +357,9 @@ class SecurityTest(unittest.TestCase):
             base = (job * keys_per_job) % (256 - keys_per_job)
             c.store(job, keys, [list(range(base, base + keys_per_job))])
             c.complete(job)
+            # the copies run after complete's reply: without the wait, jobs
+            # in flight hold L1 reserved and a store finds no room (E_NOSPACE)
+            c.job_wait(job, timeout_ms=5000)
             if pause:
                 time.sleep(pause)
 
