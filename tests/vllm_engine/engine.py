@@ -3,7 +3,14 @@ tests (test_vllm_engine.py). Reads a JSON job from argv[1]:
 
     {"model": dir, "dtype": "float32", "block_size": 32, "kv_bytes": N,
      "connector": {extra config} or null, "policy": "recompute" | "fail",
-     "runs": [[prompt token ids, ...], ...], "max_tokens": 32}
+     "runs": [[prompt token ids, ...], ...], "max_tokens": 32,
+     "kill_on_load": pid or absent, "kill_min_skip": tokens (0)}
+
+kill_on_load: the first time a worker is about to load (start_load_kv with
+a load planned whose skip_tokens, vLLM's local prefix hit, is at least
+kill_min_skip: the scheduler's lookup was answered, the load is not yet
+sent), this process SIGKILLs that pid (the kvside server) and waits for it
+to be gone, then lets the load go on against the dead server.
 
 and prints one line "RESULT <json>": for every run, every prompt's generated
 token ids, vLLM's num_cached_tokens and the finish reason.
@@ -29,6 +36,8 @@ def main():
             kv_connector="KvsideConnector", kv_connector_module_path="kvside.vllm", kv_role="kv_both",
             kv_load_failure_policy=job.get("policy", "recompute"),
             kv_connector_extra_config=job["connector"])
+    if job.get("kill_on_load"):
+        kill_before_first_load(job["kill_on_load"], job.get("kill_min_skip", 0))
     llm = LLM(**kw)
     sp = SamplingParams(temperature=0, max_tokens=job.get("max_tokens", 32), detokenize=False)
     out = {"runs": []}
@@ -38,6 +47,22 @@ def main():
                              "finish": o.outputs[0].finish_reason} for o in res])
     print("RESULT " + json.dumps(out), flush=True)
     del llm
+
+
+def kill_before_first_load(pid, min_skip):
+    import signal
+    import time
+    from kvside.vllm.worker import WorkerSide
+    load = WorkerSide.start_load_kv
+
+    def start_load_kv(self, meta):
+        if any(op.skip_tokens >= min_skip for op in meta.loads) and not getattr(WorkerSide, "_killed", False):
+            WorkerSide._killed = True
+            os.kill(pid, signal.SIGKILL)
+            while os.path.exists("/proc/%d/stat" % pid) and open("/proc/%d/stat" % pid).read().split()[2] != "Z":
+                time.sleep(0.01)
+        return load(self, meta)
+    WorkerSide.start_load_kv = start_load_kv
 
 
 if __name__ == "__main__":

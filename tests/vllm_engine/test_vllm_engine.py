@@ -41,6 +41,8 @@ from kvt_server import Server  # noqa: E402
 CHUNK = 64
 A = [(7 * i + 3) % 500 + 1 for i in range(300)]
 B = A[:4 * CHUNK] + [(11 * i + 5) % 500 + 1 for i in range(40)]
+A2 = A[:2 * CHUNK] + [(13 * i + 2) % 500 + 1 for i in range(30)]  # A's first 2 chunks
+C = A[:2 * CHUNK] + [(17 * i + 9) % 500 + 1 for i in range(50)]   # the same 2, then not A
 
 
 def make_model(path, kind="llama"):
@@ -51,6 +53,9 @@ def make_model(path, kind="llama"):
                  num_key_value_heads=2, head_dim=32, vocab_size=512, max_position_embeddings=512)
     if kind == "llama":
         model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**shape))
+    elif kind == "llama-mixed":  # layer 1 slides (window 32): two KV-cache groups in vLLM
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+            layer_types=["full_attention", "sliding_attention"], sliding_window=32, **shape))
     else:  # Mistral-style with a 32-token sliding window: vLLM's SlidingWindowSpec
         torch.manual_seed(0)
         model = transformers.MistralForCausalLM(transformers.MistralConfig(sliding_window=32, **shape))
@@ -108,8 +113,8 @@ class EngineTest(unittest.TestCase):
         cls.tmp = tempfile.mkdtemp(prefix="kvt-vllm-engine-")
         cls.model = os.path.join(cls.tmp, "llama")
         make_model(cls.model)
-        base = engine({"model": cls.model, "runs": [[A], [B]], "prefix_caching": False})
-        cls.want_a, cls.want_b = base["runs"][0][0]["tokens"], base["runs"][1][0]["tokens"]
+        base = engine({"model": cls.model, "runs": [[A], [B], [C]], "prefix_caching": False})
+        cls.want_a, cls.want_b, cls.want_c = (base["runs"][i][0]["tokens"] for i in range(3))
 
     def job(self, srv, runs, **kw):
         return dict({"model": self.model, "runs": runs,
@@ -178,6 +183,14 @@ class EngineTest(unittest.TestCase):
         self.assertGreaterEqual(st["retrieve_objects"], 1)
         self.assertLess(st["retrieve_objects"], 4)
 
+    def test_4b_full_and_sliding_layers(self):
+        model = os.path.join(self.tmp, "llama-mixed")
+        if not os.path.isdir(model):
+            make_model(model, "llama-mixed")
+        base, out, st = self.same_with_and_without(model)
+        self.assertEqual(out, base)
+        self.assertGreaterEqual(st["hits"], 4)
+
     def test_5_tensor_parallel_2(self):
         base, out, st = self.same_with_and_without(self.model, tp=2)
         self.assertEqual(out, base)
@@ -192,6 +205,56 @@ class EngineTest(unittest.TestCase):
         self.assertEqual(stats(srv)["hits"], 0, "a float16 cache served to a bfloat16 engine")
         self.assertEqual(self.tokens(out), self.tokens(base))
         self.assertEqual(srv.stop(), 0)
+
+    def killed_during_load(self, policy, model=None, want_c=None):
+        """The server SIGKILLed as a worker is about to load B's chunks 2-3
+        (chunks 0-1 are in vLLM's own prefix cache, shared with C, which is
+        scheduled beside B). Then C alone on the same engine."""
+        srv = self.server()
+        model = model or self.model
+        engine(dict(self.job(srv, [[A]]), model=model))
+        job = self.job(srv, [[A2], [B, C], [C]], policy=policy, kill_on_load=srv.proc.pid,
+                       kill_min_skip=2 * CHUNK, model=model)
+        job["connector"].update(load_timeout_ms=3000, lookup_timeout_ms=1000, save_wait_ms=3000)
+        out = engine(job, timeout=300)  # nothing hangs
+        self.assertIsNotNone(srv.proc.poll(), "the server was killed")
+        srv.proc = None
+        (a2,), (b, c), (c2,) = out["runs"]
+        self.assertGreaterEqual(a2["cached"], 2 * CHUNK, "A2 loaded A's first 2 chunks")
+        # only B's load failed: C shares B's local blocks but not its load
+        want_c = want_c or self.want_c
+        self.assertEqual((c["tokens"], c["finish"]), (want_c, "length"))
+        self.assertEqual((c2["tokens"], c2["finish"]), (want_c, "length"), "the engine lives")
+        return b
+
+    def test_7_server_killed_during_a_load_recompute(self):
+        b = self.killed_during_load("recompute")
+        self.assertEqual((b["tokens"], b["finish"]), (self.want_b, "length"), "B recomputed")
+
+    def test_8_server_killed_during_a_load_fail(self):
+        b = self.killed_during_load("fail")
+        self.assertEqual(b["finish"], "error", "vLLM's fail policy ends B, and B only")
+
+    def mixed_model(self):
+        """The Llama model with layer 1 sliding: vLLM's full and sliding
+        groups; its own B and C tokens."""
+        model = os.path.join(self.tmp, "llama-mixed")
+        if not os.path.isdir(model):
+            make_model(model, "llama-mixed")
+        base = engine({"model": model, "runs": [[B], [C]], "prefix_caching": False})
+        return model, base["runs"][0][0]["tokens"], base["runs"][1][0]["tokens"]
+
+    def test_9_hybrid_killed_during_a_load_recompute(self):
+        # two KV-cache groups: vLLM maps failed block ids back to requests
+        # only with one, so the failure is reported by request
+        model, want_b, want_c = self.mixed_model()
+        b = self.killed_during_load("recompute", model, want_c)
+        self.assertEqual((b["tokens"], b["finish"]), (want_b, "length"), "B recomputed")
+
+    def test_9b_hybrid_killed_during_a_load_fail(self):
+        model, _, want_c = self.mixed_model()
+        b = self.killed_during_load("fail", model, want_c)
+        self.assertEqual(b["finish"], "error")
 
 
 if __name__ == "__main__":

@@ -85,16 +85,17 @@ class KvsideConnector(KVConnectorBase_V1, SupportsHMA):
         self._sched = self._worker = None
         if role == KVConnectorRole.SCHEDULER:
             from .scheduler import SchedulerSide
-            self._sched = SchedulerSide(self.cfg, self.engine, self.namespace, tp, self.groups, hbs, load,
-                                        store)
+            self._sched = SchedulerSide(self.cfg, self.engine, self.namespace, tp, self.groups,
+                                        len(kv_cache_config.kv_cache_groups), hbs, load, store)
         else:
             from .worker import WorkerSide
             rank, world = _tp_rank_world(vllm_config)
             self._worker = WorkerSide(self.cfg, self.engine, self.namespace, rank, world, self.groups,
                                       kv_cache_config.num_blocks,
                                       [g.kv_cache_spec for g in kv_cache_config.kv_cache_groups])
+            kept = {g.index for g in self.groups}
             self._layer_group = {n: gi for gi, g in enumerate(kv_cache_config.kv_cache_groups)
-                                 for n in g.layer_names}
+                                 if gi in kept for n in g.layer_names}
 
     # ---- properties vLLM reads ----------------------------------------------------------------
 
@@ -148,10 +149,21 @@ class KvsideConnector(KVConnectorBase_V1, SupportsHMA):
             self._worker.wait_for_save(self._get_connector_metadata())
 
     def get_finished(self, finished_req_ids):
+        """vLLM before 0.32 (get_transfer_results calls it otherwise)."""
         if self._worker is None:
             return None, None
-        meta = self._connector_metadata
-        return self._worker.get_finished(meta, finished_req_ids)
+        sending, recving, _ = self._worker.get_finished(self._connector_metadata, finished_req_ids)
+        return sending or None, recving or None
+
+    def get_transfer_results(self, finished_req_ids):
+        """Finished stores and loads, and the loads that failed (also in
+        finished_recving, as vLLM wants them)."""
+        from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorTransferResults
+        if self._worker is None:
+            return KVConnectorTransferResults()
+        sending, recving, failed = self._worker.get_finished(self._connector_metadata, finished_req_ids)
+        return KVConnectorTransferResults(finished_sending=sending, finished_recving=recving,
+                                          failed_recving=failed)
 
     def get_block_ids_with_load_errors(self):
         return self._worker.get_block_ids_with_load_errors() if self._worker is not None else set()

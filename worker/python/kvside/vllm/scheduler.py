@@ -43,9 +43,11 @@ class _Req:
 
 
 class SchedulerSide:
-    def __init__(self, cfg, engine, namespace, world, groups, hash_block_size, load, store):
+    def __init__(self, cfg, engine, namespace, world, groups, n_tables, hash_block_size, load, store):
+        """groups: the GroupInfos kvside keeps; n_tables: vLLM's number of
+        KV-cache groups (block tables are mirrored for all, by vLLM index)."""
         self.cfg, self.engine, self.ns, self.world = cfg, engine, namespace, world
-        self.groups, self.hbs = groups, hash_block_size
+        self.groups, self.n_tables, self.hbs = groups, n_tables, hash_block_size
         self.C = cfg.chunk_tokens
         self.hashes_per_chunk = self.C // hash_block_size
         self.load_enabled, self.store_policy = load, store
@@ -104,7 +106,7 @@ class SchedulerSide:
     def _track(self, request):
         st = self._reqs.get(request.request_id)
         if st is None:
-            st = self._reqs[request.request_id] = _Req(request, len(self.groups))
+            st = self._reqs[request.request_id] = _Req(request, self.n_tables)
         st.req = request
         return st
 
@@ -146,10 +148,12 @@ class SchedulerSide:
         n = hits
         if n * self.C <= num_computed_tokens:
             return 0, False
-        # a recurrent state is copied by the worker before start_load_kv (vLLM
-        # align mode): only an asynchronous load lands before that; so does an
-        # L2 promotion, without holding the step
-        sync = not self.has_recurrent and all(t == "l1" for t in tiers[:n])
+        # asynchronous: an L2 promotion (it does not hold the step); a model
+        # with a recurrent group (vLLM align mode copies the state before
+        # start_load_kv: only an asynchronous load lands before that); and
+        # any model of several KV-cache groups, whose failed load vLLM
+        # recovers only by request (failed_recving), never by block
+        sync = self.n_tables == 1 and not self.has_recurrent and all(t == "l1" for t in tiers[:n])
         st.hit = (n, sync)
         ext = n * self.C - num_computed_tokens
         self.stats["hit_tokens"] += ext
@@ -178,7 +182,7 @@ class SchedulerSide:
     def update_state_after_alloc(self, request, blocks, num_external_tokens):
         st = self._track(request)
         hit, st.hit, st.lookup = st.hit, None, None
-        st.tables = [[] for _ in self.groups]
+        st.tables = [[] for _ in range(self.n_tables)]
         self._append(request.request_id, st, blocks.get_block_ids())
         if num_external_tokens <= 0 or hit is None:
             return
@@ -225,7 +229,7 @@ class SchedulerSide:
             st = self._reqs.get(nr.req_id)
             if st is None:
                 continue
-            st.tables = [[] for _ in self.groups]
+            st.tables = [[] for _ in range(self.n_tables)]
             self._append(nr.req_id, st, nr.block_ids)
             ends[nr.req_id] = nr.num_computed_tokens + so.num_scheduled_tokens.get(nr.req_id, 0)
         for i, rid in enumerate(cr.req_ids):
@@ -235,7 +239,7 @@ class SchedulerSide:
             new = cr.new_block_ids[i]
             if new is not None:
                 if rid in resumed:
-                    st.tables = [[] for _ in self.groups]
+                    st.tables = [[] for _ in range(self.n_tables)]
                 self._append(rid, st, new)
             ends[rid] = cr.num_computed_tokens[i] + so.num_scheduled_tokens.get(rid, 0)
         return ends
@@ -260,7 +264,7 @@ class SchedulerSide:
         for rid in meta.preempted:
             st = self._reqs.get(rid)
             if st is not None:
-                st.tables = [[] for _ in self.groups]
+                st.tables = [[] for _ in range(self.n_tables)]
                 st.load_job = None
         ends = self._mirror(so)
         if self.store_policy == "eager":
@@ -344,8 +348,8 @@ class SchedulerSide:
         st = self._reqs.get(request.request_id)
         if st is None:
             return False, None
-        if block_ids and len(block_ids) == len(self.groups):
-            st.tables = [[] for _ in self.groups]
+        if block_ids and len(block_ids) == self.n_tables:
+            st.tables = [[] for _ in range(self.n_tables)]
             self._append(request.request_id, st, block_ids)
         if self.store_policy == "finished":
             op = self._store_op(st, request.num_computed_tokens, at_step_start=True)

@@ -45,6 +45,12 @@ class WorkerSide:
     def __init__(self, cfg, engine, namespace, rank, world, groups, num_blocks, specs):
         self.cfg, self.engine, self.ns = cfg, engine, namespace
         self.rank, self.world, self.groups = rank, world, groups
+        self._group = {g.index: g for g in groups}  # vLLM group index -> GroupInfo
+        # vLLM maps load-error block ids back to requests only with one
+        # KV-cache group (block ids are per group): with several, a failed
+        # load is reported by request (failed_recving, vLLM >= 0.32), and the
+        # scheduler half makes every load of such a model asynchronous
+        self._by_request = len(specs) > 1 and _has_failed_recving()
         self.num_blocks, self.specs = num_blocks, specs  # specs: per group, the vLLM spec
         self.client, self.handle, self.device = None, None, None
         self._cv = threading.Condition()
@@ -52,6 +58,7 @@ class WorkerSide:
         self._ended = set()      # store jobs ended before this rank saw them submitted
         self._loads = {}         # req_id -> (Pending, destination ids)
         self._load_errors = set()
+        self._failed_recv = set()  # requests whose asynchronous load failed, not yet reported
         self._finish_pending = set()
         self._finished_seen = set()
         self._cuda_sync = None
@@ -120,7 +127,7 @@ class WorkerSide:
         """A Mamba page holds the states then padding: copy only the states."""
         spec = self.specs[g]
         shapes, dtypes = getattr(spec, "shapes", None), getattr(spec, "dtypes", None)
-        if self.groups[g].kind != "recurrent" or not shapes or not dtypes:
+        if self._group[g].kind != "recurrent" or not shapes or not dtypes:
             return v
         n = 0
         for shape, dt in zip(shapes, dtypes):
@@ -203,17 +210,28 @@ class WorkerSide:
         for rid, p, dst in sync:
             ok = p.wait(max(0.0, deadline - time.monotonic())) and not p.code
             if not ok:
-                self._load_failed(dst, p)
+                self._load_failed(rid, dst, p)
                 self._failed_now.add(rid)
 
     def _dest_ids(self, op):
-        return {b for lst in op.blocks for b in lst if b != NULL}
+        """The blocks the retrieve writes: those past the tokens the engine
+        already holds (skip_tokens: vLLM's local prefix-cache hit, whose
+        blocks other requests share and kvside never writes)."""
+        out = set()
+        for g, lst in zip(self.groups, op.blocks):
+            first = op.skip_tokens // g.block_size
+            out.update(b for b in lst[first:] if b != NULL)
+        return out
 
-    def _load_failed(self, dst, p):
+    def _load_failed(self, rid, dst, p):
         self.stats["load_errors"] += 1
+        why = p.msg or (kvside.KvsideError(p.code).code_name if p.code else "timeout")
+        if self._by_request:
+            self._failed_recv.add(rid)
+            log.warning("kvside: load of %s failed (%s): reported for recompute", rid, why)
+            return
         self._load_errors |= dst
-        log.warning("kvside: load failed (%s): %d blocks reported for recompute",
-                    p.msg or (kvside.KvsideError(p.code).code_name if p.code else "timeout"), len(dst))
+        log.warning("kvside: load of %s failed (%s): %d blocks reported for recompute", rid, why, len(dst))
 
     def get_block_ids_with_load_errors(self):
         out, self._load_errors = self._load_errors, set()
@@ -310,10 +328,11 @@ class WorkerSide:
         for rid, (p, dst) in list(self._loads.items()):
             if p.done.is_set():
                 if p.code:
-                    self._load_failed(dst, p)
+                    self._load_failed(rid, dst, p)
                 recving.add(rid)
                 del self._loads[rid]
-        return (sending or None), (recving or None)
+        failed, self._failed_recv = self._failed_recv, set()
+        return sending, recving, failed
 
     def pending_work(self):
         with self._cv:
@@ -325,6 +344,14 @@ class WorkerSide:
             while self._stores and time.monotonic() < deadline:
                 self._cv.wait(deadline - time.monotonic())
         self.close()
+
+
+def _has_failed_recving():
+    try:
+        from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorTransferResults
+    except ImportError:
+        return False
+    return "failed_recving" in getattr(KVConnectorTransferResults, "__dataclass_fields__", {})
 
 
 def _dtype_size(dt):
