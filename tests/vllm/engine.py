@@ -35,10 +35,11 @@ Scheduler (per step, as Scheduler.schedule / update_from_output):
   an asynchronous load only beside the blocks in-flight prefills still need;
 - client aborts (Scheduler.finish_requests) from a test hook: a request
   still loading asynchronously keeps its blocks until its finished_recving;
-- update_from_output: KV-load errors (invalid_block_ids) under the
-  "recompute" policy (truncate at the first bad block; per group: vLLM at
-  the pinned commit unpacks a single group here and raises for hybrid models,
-  so the multi-group handling is this engine's), sampling, finishing
+- update_from_output: failed asynchronous loads (failed_recving, vLLM 0.32
+  _handle_failed_recving: under "recompute" the request restarts from 0),
+  KV-load errors (invalid_block_ids) under the "recompute" policy (truncate
+  at the first bad block; with several KV-cache groups an EngineError, as
+  vLLM 0.32 raises RuntimeError there), sampling, finishing
   (``request_finished_all_groups`` for SupportsHMA connectors, else
   ``request_finished``; True delays the free until every rank reported the id
   in finished_sending), ``update_connector_output``.
@@ -790,7 +791,9 @@ class Worker:
             c.start_load_kv(get_forward_context())
         if wait_for_save:
             c.wait_for_save()
-        out.finished_sending, out.finished_recving = c.get_finished(so.finished_req_ids)
+        tr = c.get_transfer_results(so.finished_req_ids)
+        out.finished_sending, out.finished_recving = tr.finished_sending, tr.finished_recving
+        out.failed_recving = tr.failed_recving
         out.invalid_block_ids = c.get_block_ids_with_load_errors()
         out.kv_connector_stats = c.get_kv_connector_stats()
         out.kv_cache_events = c.get_kv_connector_kv_cache_events()
@@ -938,6 +941,7 @@ class KVOutputAggregator:
     def __init__(self, expected):
         self.expected = expected
         self.send, self.recv = {}, {}
+        self.failed_pending = set()  # reported failed by some worker; out once finished by all
 
     def aggregate(self, outputs):
         from vllm.v1.outputs import KVConnectorOutput
@@ -956,6 +960,7 @@ class KVOutputAggregator:
                         del counts[rid]
                         done.add(rid)
             invalid |= set(o.invalid_block_ids or ())
+            self.failed_pending |= set(getattr(o, "failed_recving", None) or ())
             if o.kv_connector_stats is not None:
                 stats = o.kv_connector_stats if stats is None else stats.aggregate(o.kv_connector_stats)
             if o.kv_connector_worker_meta is not None:
@@ -963,7 +968,9 @@ class KVOutputAggregator:
                         else meta.aggregate(o.kv_connector_worker_meta))
             if o.kv_cache_events is not None:
                 events.append(o.kv_cache_events)
-        return KVConnectorOutput(finished_sending=fs or None, finished_recving=fr or None,
+        failed = self.failed_pending & fr
+        self.failed_pending -= failed
+        return KVConnectorOutput(finished_sending=fs or None, finished_recving=fr or None, failed_recving=failed,
                                  kv_connector_stats=stats, kv_cache_events=events or None,
                                  kv_connector_worker_meta=meta, invalid_block_ids=invalid)
 
@@ -1419,6 +1426,8 @@ class Scheduler:
                 self.timing["workers"][name] = (c + n, max(m, mx))
         kv = self.agg.aggregate([o["kv"] for o in outs]) if self.connector is not None else None
         failed = set()
+        if kv is not None and kv.failed_recving:
+            self._handle_failed_recving(kv.failed_recving)
         if kv is not None and kv.invalid_block_ids:
             self.log.append((self.step, "invalid_block_ids", None, sorted(kv.invalid_block_ids)))
             failed = self._handle_invalid_blocks(kv.invalid_block_ids, so.num_scheduled_tokens)
@@ -1533,18 +1542,29 @@ class Scheduler:
                                   "request_finished; vLLM would free its blocks under it" % (rid, req.status))
             self._free_blocks(req)
 
+    def _handle_failed_recving(self, failed):
+        """Scheduler._handle_failed_recving (vLLM 0.32): an asynchronous load
+        reported failed restarts from 0 under "recompute"."""
+        from vllm.v1.request import RequestStatus
+        if not self.recompute_failures:
+            raise EngineError("failed loads under kv_load_failure_policy 'fail': %s" % sorted(failed))
+        for rid in failed:
+            req = self.requests.get(rid)
+            if req is not None and req.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
+                self.info[rid]["recomputes"].append((self.phase_step, req.num_computed_tokens, 0, []))
+                self.log.append((self.step, "load-failed", rid, "computed %d -> 0" % req.num_computed_tokens))
+                req.num_computed_tokens = 0
+                self.failed_recving.add(rid)
+
     def _handle_invalid_blocks(self, invalid, num_scheduled):
         """Scheduler._handle_invalid_blocks + _update_requests_with_invalid_blocks
-        (B:L2846, B:L2743), "recompute" policy. vLLM at the pinned commit
-        unpacks a single group ("(req_block_ids,) = get_block_ids(...)") and so
-        raises for hybrid models; here each group is scanned and the request
-        restarts from the earliest bad position the groups allow: a window
-        group needs its last window before that position, a Mamba group the
-        state exactly there. When the truncated point cannot be served from
-        the request's tables, an async loader restarts from 0 (its blocks
-        freed, as vLLM does when nothing is valid) and a running one is
-        preempted (blocks freed, recomputed from 0 after a fresh lookup)."""
+        (vLLM 0.32), "recompute" policy: the request restarts from its first
+        bad block. With several KV-cache groups vLLM raises (block ids are per
+        group): so does this engine, a negative control for connectors."""
         from vllm.v1.request import RequestStatus
+        if len(self.groups) > 1:
+            raise EngineError("A KV connector reported block-level load failures (invalid_block_ids) "
+                              "with %d KV cache groups (vLLM 0.32 raises RuntimeError)" % len(self.groups))
         if not self.recompute_failures:
             raise EngineError("KV load errors under kv_load_failure_policy 'fail': %s" % sorted(invalid))
         sync_failed = set()
@@ -1577,10 +1597,7 @@ class Scheduler:
                     self.failed_recving.add(rid)
                 else:
                     sync_failed.add(rid)
-                    if t == 0 and len(self.groups) > 1:
-                        self._preempt(req, "load error, restart from 0")
-                    else:
-                        req.num_computed_tokens = t
+                    req.num_computed_tokens = t
         return sync_failed
 
     def _servable(self, rid, t, invalid):

@@ -8,4 +8,7 @@ if [ ! -x "$venv/bin/python" ]; then
   echo "no vLLM environment at $venv (tests/vllm_engine/make-venv.sh makes it): skipped"
   exit 77
 fi
-exec "$venv/bin/python" "$here/test_vllm_engine.py" "$@"
+# the first argument names the test file (default test_vllm_engine.py)
+file=test_vllm_engine.py
+case "${1:-}" in *.py) file=$1; shift ;; esac
+exec "$venv/bin/python" "$here/$file" "$@"

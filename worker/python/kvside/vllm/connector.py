@@ -64,11 +64,15 @@ class KvsideConnector(KVConnectorBase_V1, SupportsHMA):
         if getattr(pc, "pipeline_parallel_size", 1) != 1:
             raise ValueError("kvside: pipeline parallelism is not supported (pipeline_parallel_size %d)"
                              % pc.pipeline_parallel_size)
+        for cp in ("decode_context_parallel_size", "prefill_context_parallel_size"):
+            if (getattr(pc, cp, 1) or 1) != 1:
+                raise ValueError("kvside: context parallelism is not supported (%s %d): each rank "
+                                 "holds a share of every block's tokens" % (cp, getattr(pc, cp)))
         if kv_cache_config is None:
             raise ValueError("kvside: KvsideConnector needs the kv_cache_config")
         self.groups = group_infos(kv_cache_config, self.cfg.chunk_tokens)
         sizes = [g.block_size for g in self.groups]
-        hbs = self.cfg.hash_block_size or _hash_block_size(vllm_config, sizes)
+        hbs = self.cfg.hash_block_size or _hash_block_size(vllm_config, kv_cache_config, sizes)
         if self.cfg.chunk_tokens % hbs:
             raise ValueError("kvside: chunk_tokens %d is not a multiple of vLLM's hash block size %d"
                              % (self.cfg.chunk_tokens, hbs))
@@ -100,12 +104,6 @@ class KvsideConnector(KVConnectorBase_V1, SupportsHMA):
     # ---- properties vLLM reads ----------------------------------------------------------------
 
     @property
-    def prefer_cross_layer_blocks(self):
-        # one block of every layer in one page: one copy per block instead of
-        # one per layer (vLLM uses it only for single-group models)
-        return True
-
-    @property
     def requires_kv_delivery(self):
         return False  # a cache: a dropped save is a later miss
 
@@ -125,10 +123,6 @@ class KvsideConnector(KVConnectorBase_V1, SupportsHMA):
 
     def register_kv_caches(self, kv_caches):
         self._worker.register(kv_caches, self._layer_group)
-
-    def register_cross_layers_kv_cache(self, kv_cache, attn_backend):
-        # every layer of block b in one dense page: one view for all layers
-        self._worker.register({"*": kv_cache}, {"*": 0})
 
     def handle_preemptions(self, kv_connector_metadata):
         if self._worker is not None and kv_connector_metadata is not None:
@@ -231,9 +225,16 @@ def _layout(cc, cfg):
     return getattr(cc, "kv_cache_layout", None) or os.environ.get("VLLM_KV_CACHE_LAYOUT") or cfg.kv_layout
 
 
-def _hash_block_size(vllm_config, sizes):
-    """vLLM's hash block size: the block size with one group, else the gcd
-    of the groups' (vllm/v1/core/kv_cache_utils.py resolve_kv_cache_block_sizes)."""
+def _hash_block_size(vllm_config, kv_cache_config, sizes):
+    """vLLM's hash block size: the one its EngineCore resolved
+    (kv_cache_config.hash_block_size, vLLM >= 0.32), else the block size with
+    one group, else prefix_match_unit or the gcd of the groups'
+    (vllm/v1/core/kv_cache_utils.py resolve_kv_cache_block_sizes)."""
+    resolved = getattr(kv_cache_config, "hash_block_size", None)
+    if resolved:
+        return int(resolved)
+    if len(sizes) == 1:
+        return sizes[0]
     unit = getattr(vllm_config.cache_config, "prefix_match_unit", None)
     if unit:
         return int(unit)

@@ -28,7 +28,8 @@ log = logging.getLogger("kvside.vllm")
 
 
 class _Req:
-    __slots__ = ("req", "keys", "tables", "hit", "stored", "jobs", "load_job", "finished", "lookup")
+    __slots__ = ("req", "keys", "tables", "hit", "stored", "jobs", "load_job", "finished", "lookup",
+                 "pending")
 
     def __init__(self, req, n_groups):
         self.req = req
@@ -40,6 +41,7 @@ class _Req:
         self.load_job = None
         self.finished = False
         self.lookup = None        # (chunks asked, valid until, hits, tiers)
+        self.pending = None       # (chunks asked, kvside.Pending): a lookup on its way
 
 
 class SchedulerSide:
@@ -140,9 +142,11 @@ class SchedulerSide:
             # is pinned for pin_ms, so the answer holds a while
             hits, tiers = cached[2], cached[3]
         else:
-            lk = self._lookup(keys[:n_max], now)
+            lk = self._lookup(st, keys[:n_max], n_max, now)
             if lk is None:
                 return 0, False
+            if lk == "pending":
+                return None, False  # vLLM asks again at a later step
             hits, tiers = lk.hits, lk.tiers
             st.lookup = (n_max, now + min(1.0, self.cfg.pin_ms / 2000.0), hits, tiers)
         n = hits
@@ -159,25 +163,46 @@ class SchedulerSide:
         self.stats["hit_tokens"] += ext
         return ext, not sync
 
-    def _lookup(self, keys, now):
-        """The server's answer, or None (no hit) when it cannot be asked: after
-        a failed lookup no lookup is tried for reconnect_ms, so an absent or
-        restarting server does not hold every scheduler step for a time-out."""
-        if now < self._no_lookup_until:
-            return None
-        c = self.client()
-        if c is None:
-            return None
-        self.stats["lookups"] += 1
-        try:
-            return c.lookup(keys, prefetch=True, pin_ms=self.cfg.pin_ms, timeout_ms=self.cfg.lookup_timeout_ms)
-        except kvside.KvsideError as e:
-            self.stats["lookup_errors"] += 1
-            if e.code_name in ("E_TIMEOUT", "ETIMEDOUT", "E_SESSION"):
-                self._no_lookup_until = now + self.cfg.reconnect_ms / 1000.0
-            log.warning("kvside: lookup failed (%s): no hit%s", e,
-                        " for %d ms" % self.cfg.reconnect_ms if now < self._no_lookup_until else "")
-            return None
+    def _lookup(self, st, keys, n_max, now):
+        """The server's answer (a Lookup), "pending" while it is on its way,
+        or None (no hit) when the server cannot be asked. Never blocks the
+        EngineCore loop for longer than lookup_wait_ms: the lookup is sent
+        asynchronously and the request is asked about again (vLLM re-asks a
+        request for which get_num_new_matched_tokens answered None). After a
+        failed lookup no lookup is tried for reconnect_ms, so an absent or
+        restarting server does not hold requests for a time-out each."""
+        pend = st.pending
+        if pend is not None and pend[0] != n_max:
+            pend = st.pending = None  # asked for other keys: a new lookup
+        if pend is None:
+            if now < self._no_lookup_until:
+                return None
+            c = self.client()
+            if c is None:
+                return None
+            self.stats["lookups"] += 1
+            try:
+                p = c.lookup_async(keys, prefetch=True, pin_ms=self.cfg.pin_ms,
+                                   timeout_ms=self.cfg.lookup_timeout_ms)
+            except kvside.KvsideError as e:
+                return self._lookup_failed(e.code_name, str(e), now)
+            pend = st.pending = (n_max, p)
+        p = pend[1]
+        if not p.wait(self.cfg.lookup_wait_ms / 1000.0):
+            return "pending"
+        st.pending = None
+        if p.code:
+            e = kvside.KvsideError(p.code, "lookup", p.msg)
+            return self._lookup_failed(e.code_name, str(e), now)
+        return kvside.Lookup(p.hits, p.tiers)
+
+    def _lookup_failed(self, code_name, what, now):
+        self.stats["lookup_errors"] += 1
+        if code_name in ("E_TIMEOUT", "ETIMEDOUT", "E_SESSION"):
+            self._no_lookup_until = now + self.cfg.reconnect_ms / 1000.0
+        log.warning("kvside: lookup failed (%s): no hit%s", what,
+                    " for %d ms" % self.cfg.reconnect_ms if now < self._no_lookup_until else "")
+        return None
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens):
         st = self._track(request)

@@ -69,7 +69,7 @@ class WorkerSide:
 
     # ---- registration -----------------------------------------------------------------------
 
-    def register(self, kv_caches, group_of_layer, cross_layer=False):
+    def register(self, kv_caches, group_of_layer):
         """kv_caches: {layer name: tensor or list of tensors}. group_of_layer:
         {layer name: group index} (names outside every group are skipped, as
         are aliases of a tensor already seen)."""

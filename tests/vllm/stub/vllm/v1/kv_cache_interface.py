@@ -140,6 +140,10 @@ class KVCacheConfig:
     kv_cache_groups: list[KVCacheGroupSpec] = field(default_factory=list)
 
     @property
+    def prefix_cacheable_group_ids(self):
+        return tuple(range(len(self.kv_cache_groups)))
+
+    @property
     def has_mamba_layers(self):
         return any(isinstance(g.kv_cache_spec, MambaSpec) for g in self.kv_cache_groups)
 

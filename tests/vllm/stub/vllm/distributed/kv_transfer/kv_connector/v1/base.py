@@ -1,6 +1,7 @@
 """Mirrors vllm/distributed/kv_transfer/kv_connector/v1/base.py
-(vllm-project/vllm @ 003df2961dd8830c317a61f9745ccd557da9fa06; public API
-listed in tests/vllm/vllm_api.txt).
+(the vllm release named in tests/vllm/vllm_api.txt, which
+tests/vllm_engine/dump_api.py writes from the installed package and
+tests/vllm_engine/test_units.py compares with it).
 
 Same class names, method names, parameter names and default behaviour as
 vLLM: SupportsHMA (abstract request_finished_all_groups), supports_hma,
@@ -13,10 +14,20 @@ build_connector_meta) and the no-op / None / False defaults of the rest.
 
 import enum
 from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
 
 from vllm.logger import init_logger
 
 logger = init_logger(__name__)
+
+
+@dataclass
+class KVConnectorTransferResults:
+    """Asynchronous transfer completions from one worker snapshot; failed
+    receives also appear in finished_recving."""
+    finished_sending: set = field(default_factory=set)
+    finished_recving: set = field(default_factory=set)
+    failed_recving: set = field(default_factory=set)
 
 
 class SupportsHMA(ABC):
@@ -64,11 +75,7 @@ class KVConnectorBase_V1(ABC):
     """vLLM's V1 KV connector interface."""
 
     @property
-    def prefer_cross_layer_blocks(self):
-        return False
-
-    @property
-    def supports_eagle_prefix_cache_hashing(self):
+    def supports_divergent_local_hybrid_hits(self):
         return False
 
     @property
@@ -84,16 +91,15 @@ class KVConnectorBase_V1(ABC):
         self._kv_transfer_config = vllm_config.kv_transfer_config
         self._kv_cache_config = kv_cache_config
         self._role = role
-        self.use_eagle_prefix_cache_hashing = False
-
-    def set_eagle_prefix_cache_hashing(self, enabled):
-        self.use_eagle_prefix_cache_hashing = enabled
 
     @property
     def role(self):
         return self._role
 
     # ---- worker side ----
+
+    def get_mem_pool_context(self):
+        return None
 
     def bind_connector_metadata(self, connector_metadata):
         self._connector_metadata = connector_metadata
@@ -111,10 +117,13 @@ class KVConnectorBase_V1(ABC):
     def register_kv_caches(self, kv_caches):
         return
 
-    def register_cross_layers_kv_cache(self, kv_cache, attn_backend):
+    def set_host_xfer_buffer_ops(self, copy_operation):
         return
 
-    def set_host_xfer_buffer_ops(self, copy_operation):
+    def finish_forward(self):
+        return
+
+    def reset_capture_state(self):
         return
 
     def handle_preemptions(self, kv_connector_metadata):
@@ -139,6 +148,11 @@ class KVConnectorBase_V1(ABC):
     def get_finished(self, finished_req_ids):
         return None, None
 
+    def get_transfer_results(self, finished_req_ids):
+        finished_sending, finished_recving = self.get_finished(finished_req_ids)
+        return KVConnectorTransferResults(finished_sending=set(finished_sending or ()),
+                                          finished_recving=set(finished_recving or ()))
+
     def get_block_ids_with_load_errors(self):
         return set()
 
@@ -159,12 +173,21 @@ class KVConnectorBase_V1(ABC):
 
     # ---- scheduler side ----
 
+    def bind_kv_cache_manager(self, kv_cache_manager):
+        self.bind_gpu_block_pool(kv_cache_manager.block_pool)
+
     def bind_gpu_block_pool(self, gpu_block_pool):
         return
+
+    def get_loaded_kv_cache_group_ids(self, request):
+        return self._kv_cache_config.prefix_cacheable_group_ids
 
     @abstractmethod
     def get_num_new_matched_tokens(self, request, num_computed_tokens):
         pass
+
+    def get_external_cache_hit_sources(self, request, num_external_tokens):
+        return {} if num_external_tokens == 0 else {"external": num_external_tokens}
 
     @abstractmethod
     def update_state_after_alloc(self, request, blocks, num_external_tokens):
@@ -183,8 +206,14 @@ class KVConnectorBase_V1(ABC):
     def request_finished(self, request, block_ids):
         return False, None
 
+    def register_finished_partial_tail(self, request, block_ids, partial_tail_offloads):
+        return
+
     def take_events(self):
         return ()
+
+    def has_pending_block_frees(self):
+        return False
 
     def has_pending_push_work(self):
         return False

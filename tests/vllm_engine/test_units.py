@@ -1,0 +1,158 @@
+"""KvsideConnector's parts against the installed vLLM's own classes (no
+engine): the API it implements (inspect against KVConnectorBase_V1 and
+SupportsHMA), the classification of vLLM's KV-cache spec classes, and the
+scheduler half's non-blocking lookup against a real server that stops
+answering (SIGSTOP). Run by run.sh with the virtual environment's python."""
+
+import inspect
+import os
+import signal
+import sys
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(ROOT, "tests", "python"))
+sys.path.insert(0, os.path.join(ROOT, "worker", "python"))
+sys.path.insert(0, HERE)
+import torch  # noqa: E402
+from vllm.distributed.kv_transfer.kv_connector.v1 import base  # noqa: E402
+from vllm.v1 import kv_cache_interface as K  # noqa: E402
+
+import kvside  # noqa: E402
+from kvside.vllm import KvsideConnector  # noqa: E402
+from kvside.vllm.config import ConnectorConfig  # noqa: E402
+from kvside.vllm.groups import group_infos  # noqa: E402
+from kvside.vllm.scheduler import SchedulerSide  # noqa: E402
+from kvt_server import Server  # noqa: E402
+
+
+class ApiTest(unittest.TestCase):
+    """What vLLM calls exists on the connector with vLLM's signature."""
+
+    def test_every_abstract_method_is_implemented(self):
+        missing = sorted(n for n in getattr(KvsideConnector, "__abstractmethods__", ()))
+        self.assertEqual(missing, [], "abstract methods left unimplemented")
+
+    def test_overrides_match_vllm_signatures(self):
+        mine = {n for n, v in vars(KvsideConnector).items() if not n.startswith("_")}
+        checked = 0
+        for name in sorted(mine):
+            ref = getattr(base.KVConnectorBase_V1, name, None) or getattr(base.SupportsHMA, name, None)
+            self.assertIsNotNone(ref, "%s is not part of vLLM's connector API (stale?)" % name)
+            if isinstance(inspect.getattr_static(base.KVConnectorBase_V1, name, None), property):
+                self.assertIsInstance(inspect.getattr_static(KvsideConnector, name), property, name)
+                continue
+            want = [p.name for p in inspect.signature(ref).parameters.values()]
+            got = [p.name for p in inspect.signature(getattr(KvsideConnector, name)).parameters.values()]
+            self.assertEqual(got, want, "%s: vLLM has %s" % (name, want))
+            checked += 1
+        self.assertGreaterEqual(checked, 15)
+
+    def test_the_stand_ins_list_is_this_release(self):
+        # tests/vllm checks the stand-in (used where vLLM cannot be
+        # installed: the GPU machine) against vllm_api.txt
+        import dump_api
+        with open(os.path.join(ROOT, "tests", "vllm", "vllm_api.txt")) as f:
+            self.assertEqual(f.read().splitlines(), dump_api.lines(),
+                             "regenerate tests/vllm/vllm_api.txt with dump_api.py and update the stand-in")
+
+    def test_failed_loads_are_reported_by_request(self):
+        self.assertIn("failed_recving", base.KVConnectorTransferResults.__dataclass_fields__)
+
+
+def attn(cls, **kw):
+    return cls(block_size=32, num_kv_heads=2, head_size=32, dtype=torch.float16, **kw)
+
+
+def config(*specs, transfer=None):
+    groups = [K.KVCacheGroupSpec(["l%d" % i], s) for i, s in enumerate(specs)]
+    for i in (transfer or ()):
+        groups[i].enable_kv_transfer = False
+    return K.KVCacheConfig(num_blocks=16, kv_cache_tensors=[], kv_cache_groups=groups)
+
+
+class GroupsTest(unittest.TestCase):
+    """vLLM's spec classes, by isinstance: kept, skipped, or refused."""
+
+    def kinds(self, *specs, **kw):
+        return [(g.index, g.kind, g.window_chunks) for g in group_infos(config(*specs, **kw), 64)]
+
+    def test_kept_kinds(self):
+        mamba = K.MambaSpec(block_size=64, shapes=((4, 8),), dtypes=(torch.float32,), mamba_cache_mode="align")
+        self.assertEqual(self.kinds(attn(K.FullAttentionSpec), attn(K.SlidingWindowSpec, sliding_window=100),
+                                    mamba),
+                         [(0, "full", -1), (1, "window", 2), (2, "recurrent", -1)])
+        self.assertEqual(self.kinds(attn(K.MLAAttentionSpec)), [(0, "full", -1)])
+
+    def test_uniform_wrapper_takes_its_members_kind(self):
+        u = K.UniformTypeKVCacheSpecs(block_size=32, kv_cache_specs={
+            "a": attn(K.SlidingWindowSpec, sliding_window=32), "b": attn(K.SlidingWindowSpec, sliding_window=32)})
+        self.assertEqual(self.kinds(u), [(0, "window", 1)])
+
+    def test_groups_vllm_keeps_out_are_skipped(self):
+        ring = attn(K.CircularBufferSpec)
+        self.assertEqual(self.kinds(attn(K.FullAttentionSpec), ring), [(0, "full", -1)])
+        self.assertEqual(self.kinds(attn(K.FullAttentionSpec), attn(K.FullAttentionSpec), transfer=[0]),
+                         [(1, "full", -1)])
+
+    def test_unknown_kinds_are_refused_by_name(self):
+        for spec in (attn(K.ChunkedLocalAttentionSpec, attention_chunk_size=64),
+                     attn(K.RSWASpec, rswa_window=64), attn(K.SinkFullAttentionSpec)):
+            with self.assertRaisesRegex(ValueError, type(spec).__name__):
+                group_infos(config(attn(K.FullAttentionSpec), spec), 64)
+
+    def test_mamba_without_prefix_caching_is_refused(self):
+        m = K.MambaSpec(block_size=64, shapes=((4, 8),), dtypes=(torch.float32,), mamba_cache_mode="none")
+        with self.assertRaisesRegex(ValueError, "mamba_cache_mode"):
+            group_infos(config(m), 64)
+
+
+class _Req:
+    def __init__(self, rid, hashes, n_tokens):
+        self.request_id, self.block_hashes, self.num_tokens = rid, hashes, n_tokens
+
+
+class LookupTest(unittest.TestCase):
+    """get_num_new_matched_tokens never waits on the server beyond
+    lookup_wait_ms: while the answer is on its way it says None (vLLM asks
+    again next step)."""
+
+    def test_a_stopped_server_gets_none_then_the_answer(self):
+        srv = Server(prefix="kvt-vllm-units-")
+        srv.start()
+        self.addCleanup(srv.cleanup)
+        self.addCleanup(srv.stop)
+        cfg = ConnectorConfig.from_extra({"broker_dir": srv.run, "chunk_tokens": 32, "lookup_timeout_ms": 30000})
+        groups = group_infos(config(attn(K.FullAttentionSpec)), 32)
+        side = SchedulerSide(cfg, "vllm-units", "ns-units", 1, groups, 1, 32, True, "eager")
+        self.addCleanup(side.close)
+        req = _Req("r1", [os.urandom(32) for _ in range(4)], 4 * 32 + 1)
+        self.assertEqual(side.get_num_new_matched_tokens(req, 0), (0, False), "nothing cached")
+        # store chunks 0-1 through a worker session of the same namespace
+        mem = kvside.HostMemory(16 * 4096)
+        w = kvside.Client("vllm-units", "ns-units", rank=0, world=1, broker_dir=srv.run)
+        self.addCleanup(w.close)
+        w.register_memory([mem], groups=[kvside.Group(0, "attention", 32, 1, -1, 0)],
+                          layers=[kvside.Layer(0, 0, 0, 16, 4096, 4096)])
+        self.assertEqual(w.store(1, side._keys(side._reqs["r1"])[:2], [[1, 2]]), "open")
+        w.complete(1)
+        self.assertEqual(w.job_wait(1, timeout_ms=5000), "committed")
+        side._reqs["r1"].lookup = None  # forget the cached "no hit"
+        os.kill(srv.proc.pid, signal.SIGSTOP)
+        try:
+            answers = [side.get_num_new_matched_tokens(req, 0) for _ in range(3)]
+        finally:
+            os.kill(srv.proc.pid, signal.SIGCONT)
+        self.assertEqual(answers, [(None, False)] * 3, "asked again while the server is stopped")
+        got = None
+        for _ in range(5000):  # steps of an engine loop, each waiting lookup_wait_ms at most
+            got = side.get_num_new_matched_tokens(req, 0)
+            if got[0] is not None:
+                break
+        self.assertEqual(got, (2 * 32, False), "two chunks hit once the server answers")
+        self.assertEqual(side.stats["lookups"], 2, "one lookup was sent for the three asks")
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
