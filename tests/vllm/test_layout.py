@@ -62,6 +62,28 @@ class Views(unittest.TestCase):
         two = layout.block_views([mla, mamba], NB)
         self.assertEqual(len(two), 2)
 
+    def test_kernel_block_splitting(self):
+        # vLLM with a kernel block of BS/4 tokens: (2, nb*4, bs/4, H, D) and
+        # (nb*4, H, bs/4, 2D) (HND); manager block b = kernel blocks 4b..4b+3
+        kb = BS // 4
+        t = torch.arange(2 * NB * 4 * kb * H * D, dtype=torch.float32).view(2, NB * 4, kb, H, D)
+        views = layout.block_views(t, NB)
+        self.assertEqual(len(views), 8, "4 kernel blocks per manager block, K and V")
+        kbytes = kb * H * D * 4
+        for i, v in enumerate(views):
+            plane, j = divmod(i, 4)
+            self.assertEqual((v.block_stride, v.block_bytes), (4 * kbytes, kbytes))
+            # view j of block b is kernel block 4b+j of its plane
+            b = 3
+            off = v.ptr + b * v.block_stride - t.data_ptr()
+            self.assertEqual(off // 4, t[plane, 4 * b + j].flatten()[0].item())
+        hnd = torch.zeros(NB * 4, H, kb, 2 * D, dtype=torch.float16)
+        views = layout.block_views(hnd, NB)
+        self.assertEqual([(v.ptr - hnd.data_ptr(), v.block_stride) for v in views],
+                         [(j * H * kb * 2 * D * 2, 4 * H * kb * 2 * D * 2) for j in range(4)])
+        with self.assertRaises(layout.LayoutError):  # 7 kernel blocks do not split 10 blocks
+            layout.block_views(torch.zeros(NB * 7 // 2, kb, H, D), NB)
+
     def test_refused(self):
         with self.assertRaises(layout.LayoutError) as e:
             layout.block_views(torch.zeros(7, BS, H, D), NB)

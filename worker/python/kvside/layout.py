@@ -49,7 +49,15 @@ def block_views(t, num_blocks, name="cache"):
     - ``[2, nb, ...]`` (FlashAttention; K and V planes, also the hybrid
       layout where K and V of a block share one page): two views;
     - ``[nb, ...]`` (FlashInfer ``[nb, 2, ...]``, MLA ``[nb, bs, dim]``,
-      a Mamba state ``[nb, ...]`` with a padded page stride): one view.
+      a Mamba state ``[nb, ...]`` with a padded page stride): one view;
+    - either with ``nb * r`` in place of ``nb``: vLLM's kernel-block
+      splitting (an attention kernel whose block is 1/r of the manager's;
+      manager block b is kernel blocks b*r .. b*r+r-1, as vLLM's
+      ``group_kernel_blocks``): r views per plane, view j holding kernel
+      block j of every manager block. Not one view of r kernel blocks: with
+      the heads outside the tokens (HND) those bytes are not a manager
+      block's, and engines whose kernels differ must not share objects (the
+      number of views is part of the server's geometry fingerprint).
     A list or tuple of tensors (a Mamba layer's conv and ssm states) gives
     the views of each in order. Every block must be dense in memory (any
     order of its inner dims, e.g. NHD or HND); the stride between blocks may
@@ -61,23 +69,27 @@ def block_views(t, num_blocks, name="cache"):
         return out
     shape, strides = tuple(t.shape), tuple(t.stride())
     elem = t.element_size()
-    if len(shape) >= 2 and shape[0] == 2 and shape[1] == num_blocks and num_blocks != 2:
+
+    def ratio(n):
+        return n // num_blocks if num_blocks > 0 and n >= num_blocks and n % num_blocks == 0 else 0
+    if len(shape) >= 2 and shape[0] == 2 and num_blocks != 2 and ratio(shape[1]):
         planes = [(t.data_ptr() + i * strides[0] * elem) for i in range(2)]
-        inner_shape, inner_strides, bstride = shape[2:], strides[2:], strides[1]
-    elif len(shape) >= 1 and shape[0] == num_blocks:
+        inner_shape, inner_strides, kstride, r = shape[2:], strides[2:], strides[1], ratio(shape[1])
+    elif len(shape) >= 1 and ratio(shape[0]):
         planes = [t.data_ptr()]
-        inner_shape, inner_strides, bstride = shape[1:], strides[1:], strides[0]
+        inner_shape, inner_strides, kstride, r = shape[1:], strides[1:], strides[0], ratio(shape[0])
     else:
         raise LayoutError("%s: shape %s has no block dimension of %d blocks (expected [2, %d, ...] "
-                          "or [%d, ...])" % (name, list(shape), num_blocks, num_blocks, num_blocks))
+                          "or [%d, ...], or a multiple of %d kernel blocks)"
+                          % (name, list(shape), num_blocks, num_blocks, num_blocks, num_blocks))
     nbytes = _dense_bytes(inner_shape, inner_strides, elem)
     if nbytes is None:
         raise LayoutError("%s: a block is not dense in memory (shape %s, strides %s)"
                           % (name, list(shape), list(strides)))
-    if bstride * elem < nbytes:
+    if kstride * elem < nbytes:
         raise LayoutError("%s: blocks overlap (stride %d B < %d B per block)"
-                          % (name, bstride * elem, nbytes))
-    return [View(p, bstride * elem, nbytes) for p in planes]
+                          % (name, kstride * elem, nbytes))
+    return [View(p + j * kstride * elem, r * kstride * elem, nbytes) for p in planes for j in range(r)]
 
 
 def view_extent(v, num_blocks):
