@@ -4,7 +4,15 @@ tests (test_vllm_engine.py). Reads a JSON job from argv[1]:
     {"model": dir, "dtype": "float32", "block_size": 32, "kv_bytes": N,
      "connector": {extra config} or null, "policy": "recompute" | "fail",
      "runs": [[prompt token ids, ...], ...], "max_tokens": 32,
-     "kill_on_load": pid or absent, "kill_min_skip": tokens (0)}
+     "kill_on_load": pid or absent, "kill_min_skip": tokens (0),
+     "max_batched": max_num_batched_tokens or absent, "ignore_eos": false,
+     "fail_loads": false}
+
+fail_loads: every retrieve a worker sends fails at once (E_MISS), while
+lookups keep answering hits: a load that can never succeed.
+
+block_size null lets vLLM choose (a Mamba hybrid's attention block follows
+its state page).
 
 kill_on_load: the first time a worker is about to load (start_load_kv with
 a load planned whose skip_tokens, vLLM's local prefix hit, is at least
@@ -28,18 +36,23 @@ def main():
     from vllm.inputs import TokensPrompt
 
     kw = dict(model=job["model"], skip_tokenizer_init=True, enforce_eager=True, dtype=job.get("dtype", "float32"),
-              max_model_len=job.get("max_len", 512), block_size=job.get("block_size", 32), seed=0,
+              max_model_len=job.get("max_len", 512), block_size=job.get("block_size", 32) if "block_size" not in job or job["block_size"] else None, seed=0,
               kv_cache_memory_bytes=job.get("kv_bytes", 64 << 20),
               tensor_parallel_size=job.get("tp", 1), enable_prefix_caching=job.get("prefix_caching", True))
+    if job.get("max_batched"):
+        kw["max_num_batched_tokens"] = job["max_batched"]
     if job.get("connector") is not None:
         kw["kv_transfer_config"] = KVTransferConfig(
             kv_connector="KvsideConnector", kv_connector_module_path="kvside.vllm", kv_role="kv_both",
             kv_load_failure_policy=job.get("policy", "recompute"),
             kv_connector_extra_config=job["connector"])
+    if job.get("fail_loads"):
+        fail_every_load()
     if job.get("kill_on_load"):
         kill_before_first_load(job["kill_on_load"], job.get("kill_min_skip", 0))
     llm = LLM(**kw)
-    sp = SamplingParams(temperature=0, max_tokens=job.get("max_tokens", 32), detokenize=False)
+    sp = SamplingParams(temperature=0, max_tokens=job.get("max_tokens", 32), detokenize=False,
+                        ignore_eos=job.get("ignore_eos", False))
     out = {"runs": []}
     for run in job["runs"]:
         res = llm.generate([TokensPrompt(prompt_token_ids=p) for p in run], sp)
@@ -47,6 +60,17 @@ def main():
                              "finish": o.outputs[0].finish_reason} for o in res])
     print("RESULT " + json.dumps(out), flush=True)
     del llm
+
+
+def fail_every_load():
+    import kvside
+
+    def retrieve_async(self, job, keys, blocks, skip_tokens=0, timeout_ms=0, callback=None):
+        p = kvside.Pending("retrieve", job, callback)
+        p.code, p.msg = kvside.E_MISS, "fail_loads (engine.py)"
+        p.done.set()
+        return p
+    kvside.Client.retrieve_async = retrieve_async
 
 
 def kill_before_first_load(pid, min_skip):

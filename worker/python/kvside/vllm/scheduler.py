@@ -29,7 +29,7 @@ log = logging.getLogger("kvside.vllm")
 
 class _Req:
     __slots__ = ("req", "keys", "tables", "hit", "stored", "jobs", "load_job", "finished", "lookup",
-                 "pending")
+                 "pending", "load_failed")
 
     def __init__(self, req, n_groups):
         self.req = req
@@ -42,6 +42,7 @@ class _Req:
         self.finished = False
         self.lookup = None        # (chunks asked, valid until, hits, tiers)
         self.pending = None       # (chunks asked, kvside.Pending): a lookup on its way
+        self.load_failed = False  # a load of it failed: it recomputes, no more hits
 
 
 class SchedulerSide:
@@ -126,7 +127,9 @@ class SchedulerSide:
     def get_num_new_matched_tokens(self, request, num_computed_tokens):
         st = self._track(request)
         st.hit = None
-        if not self.load_enabled or st.load_job is not None:
+        if not self.load_enabled or st.load_job is not None or st.load_failed:
+            # after a failed load the request recomputes: offering the same
+            # hit again would fail the same way, load after load
             return 0, False
         keys = self._keys(st)
         # a hit must leave one token to compute (vLLM asserts it for a
@@ -360,6 +363,12 @@ class SchedulerSide:
                     first = next((i for i, b in enumerate(t) if b in bad), None)
                     if first is not None:
                         st.stored = min(st.stored, first // g.blocks_per_chunk)
+                        st.load_failed = True
+        for rid in (getattr(out, "failed_recving", None) or ()):
+            st = self._reqs.get(rid)
+            if st is not None:
+                st.load_failed = True  # vLLM recomputes it from 0: stored again from 0
+                st.stored = 0
         for rid in (out.finished_recving or ()):
             st = self._reqs.get(rid)
             if st is not None:
