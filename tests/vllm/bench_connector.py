@@ -33,7 +33,9 @@ NS = types.SimpleNamespace
 
 
 def configs(run, args):
-    spec = NS(block_size=args.block)
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+    spec = FullAttentionSpec(block_size=args.block, num_kv_heads=args.heads, head_size=args.head,
+                             dtype=torch.bfloat16)
     names = ["layer.%d" % i for i in range(args.layers)]
     kcc = NS(num_blocks=args.blocks, kv_cache_groups=[NS(layer_names=names, kv_cache_spec=spec)])
     ktc = NS(engine_id="bench", kv_role="kv_both", is_kv_producer=True, is_kv_consumer=True,
@@ -135,6 +137,8 @@ def main():
             req2 = NS(request_id=rid + "b", num_tokens=args.tokens + 1, block_hashes=hashes(2 * rep, nblk))
             t0 = time.perf_counter()
             ext, async_ = sched.get_num_new_matched_tokens(req2, 0)
+            while ext is None:  # the lookup's answer is on its way: vLLM asks again next step
+                ext, async_ = sched.get_num_new_matched_tokens(req2, 0)
             assert ext == args.tokens and not async_, (ext, async_)
             sched.update_state_after_alloc(req2, NS(get_block_ids=lambda: (dst,)), ext)
             meta = sched.build_connector_meta(step())

@@ -684,28 +684,39 @@ class Client:
     # -- asynchronous jobs: each returns a Pending at once (protocol.md 6.9: a
     #    part and its complete may be queued back to back)
 
-    def _store_part(self, call, job, keys, blocks, timeout_ms, callback, event_hashes):
+    def _store_part(self, call, job, keys, blocks, timeout_ms, callback, event_hashes, producer_event):
         kb, n = _keys_arg(keys)
         bl, keep = _blocks_arg(blocks)
         opts = None
-        if event_hashes is not None:
-            opts = _StoreOpts(False, None, 0, _event_hashes_arg(event_hashes, n))
+        if event_hashes is not None or producer_event:
+            ev, ev_len = None, 0
+            if producer_event:
+                raw = (ctypes.c_uint8 * len(producer_event)).from_buffer_copy(bytes(producer_event))
+                keep = (keep, raw)
+                ev, ev_len = ctypes.cast(raw, ctypes.POINTER(ctypes.c_uint8)), len(producer_event)
+            opts = _StoreOpts(False, ev, ev_len,
+                              _event_hashes_arg(event_hashes, n) if event_hashes is not None else None)
         h = self._h()
+        # the call copies keys, blocks and options before it returns
         return self._submit(Pending("store", job, callback), lambda fn, tok: call(
             h, job, kb, n, ctypes.byref(bl), ctypes.byref(opts) if opts else None, timeout_ms, fn, tok))
 
-    def store_async(self, job, keys, blocks, timeout_ms=0, callback=None, event_hashes=None):
+    def store_async(self, job, keys, blocks, timeout_ms=0, callback=None, event_hashes=None,
+                    producer_event=None):
         """Queues a store part; the Pending ends with the part's reply.
-        event_hashes as for store()."""
-        return self._store_part(_lib.kvs_store_async, job, keys, blocks, timeout_ms, callback, event_hashes)
+        event_hashes and producer_event (a CUDA IPC event handle the server
+        waits on before the part's copies) as for store()."""
+        return self._store_part(_lib.kvs_store_async, job, keys, blocks, timeout_ms, callback, event_hashes,
+                                producer_event)
 
-    def store_complete_async(self, job, keys, blocks, timeout_ms=0, callback=None, event_hashes=None):
+    def store_complete_async(self, job, keys, blocks, timeout_ms=0, callback=None, event_hashes=None,
+                             producer_event=None):
         """Queues a store part that carries this rank's complete ("ok"): one
         message per rank and job (protocol.md 6.7). The Pending ends when the
         job is terminal, with "committed" or "aborted" (job_wait sees it too),
         or with the part's error. Give timeout_ms room for the whole job."""
         return self._store_part(_lib.kvs_store_complete_async, job, keys, blocks, timeout_ms, callback,
-                                event_hashes)
+                                event_hashes, producer_event)
 
     def retrieve_async(self, job, keys, blocks, skip_tokens=0, timeout_ms=0, callback=None):
         """Queues a retrieve part; the Pending ends once the bytes are in

@@ -35,10 +35,11 @@ log = logging.getLogger("kvside.vllm")
 
 
 class _Store:
-    __slots__ = ("req_id", "volatile", "deadline", "part")
+    __slots__ = ("req_id", "volatile", "deadline", "part", "event")
 
     def __init__(self, req_id, volatile, deadline):
         self.req_id, self.volatile, self.deadline, self.part = req_id, volatile, deadline, None
+        self.event = None  # the CUDA event the server waits on, alive until the store ends
 
 
 class WorkerSide:
@@ -179,11 +180,26 @@ class WorkerSide:
             import torch
             torch.cuda.current_stream(self._cuda_sync.device).synchronize()
 
+    def _producer_event(self):
+        """CUDA: an interprocess event recorded on the current stream, which
+        the server waits on before a store's copies (protocol.md 16): the
+        step's kernels writing the blocks are ordered before the copies
+        without holding this process (vLLM's async scheduling keeps its
+        overlap). (event, 64-byte handle), or (None, None) on the host."""
+        if self._cuda_sync is None:
+            return None, None
+        import torch
+        ev = torch.cuda.Event(interprocess=True)
+        ev.record(torch.cuda.current_stream(self._cuda_sync.device))
+        return ev, bytes(ev.ipc_handle())
+
     def start_load_kv(self, meta):
         self._fence(meta)
         self._failed_now = set()
         early = [op for op in meta.stores if op.at_step_start]
-        if early or meta.loads:
+        if meta.loads:
+            # the server writes loads into device memory: what the stream
+            # has queued for those blocks (vLLM zeroing them) must be done
             self._sync_stream()
         for op in early:
             self._submit_store(op)
@@ -243,7 +259,6 @@ class WorkerSide:
         ops = [op for op in meta.stores if not op.at_step_start]
         if not ops:
             return
-        self._sync_stream()  # this step's kernels must have written the blocks
         for op in ops:
             # vLLM discards this step's output of a request whose load failed:
             # its blocks hold no valid KV, so its store is sent and failed
@@ -258,6 +273,8 @@ class WorkerSide:
             if op.job in self._ended:
                 return
             self._stores[op.job] = rec
+        # the kernels that wrote the blocks, queued on this stream, come first
+        rec.event, handle = self._producer_event()
         job = op.job
         self.stats["stores"] += 1
 
@@ -273,11 +290,13 @@ class WorkerSide:
                 # long as the fence waits for a save
                 rec.part = self.client.store_complete_async(op.job, op.keys, op.blocks,
                                                             timeout_ms=self.cfg.save_wait_ms,
-                                                            callback=refused, event_hashes=op.names)
+                                                            callback=refused, event_hashes=op.names,
+                                                            producer_event=handle)
                 self.stats["store_messages"] += 1
             else:
                 rec.part = self.client.store_async(op.job, op.keys, op.blocks, timeout_ms=self.cfg.timeout_ms,
-                                                   callback=refused, event_hashes=op.names)
+                                                   callback=refused, event_hashes=op.names,
+                                                   producer_event=handle)
                 self.client.complete_async(op.job, False, timeout_ms=self.cfg.timeout_ms)
                 self.stats["store_messages"] += 2
         except kvside.KvsideError as e:
