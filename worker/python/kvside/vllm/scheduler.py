@@ -127,7 +127,7 @@ class SchedulerSide:
     def get_num_new_matched_tokens(self, request, num_computed_tokens):
         st = self._track(request)
         st.hit = None
-        if not self.load_enabled or st.load_job is not None:
+        if not self.load_enabled or st.load_job is not None or st.load_failed:
             # after a failed load the request recomputes: offering the same
             # hit again would fail the same way, load after load
             return 0, False
