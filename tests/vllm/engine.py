@@ -269,7 +269,7 @@ def build_configs(spec, connector=None, extra_config=None, engine_id="engine-0",
                     scheduler_config=SchedulerConfig(max_num_batched_tokens=spec.max_num_batched_tokens,
                                                      max_num_seqs=spec.max_num_seqs,
                                                      disable_hybrid_kv_cache_manager=False),
-                    kv_transfer_config=ktc)
+                    kv_transfer_config=ktc, use_v2_model_runner=spec.runner == "v2")
     return vc, kcc
 
 

@@ -96,7 +96,8 @@ class KvsideConnector(KVConnectorBase_V1, SupportsHMA):
             rank, world = _tp_rank_world(vllm_config)
             self._worker = WorkerSide(self.cfg, self.engine, self.namespace, rank, world, self.groups,
                                       kv_cache_config.num_blocks,
-                                      [g.kv_cache_spec for g in kv_cache_config.kv_cache_groups])
+                                      [g.kv_cache_spec for g in kv_cache_config.kv_cache_groups],
+                                      saves_end_in_step=_v2_runner(vllm_config))
             kept = {g.index for g in self.groups}
             self._layer_group = {n: gi for gi, g in enumerate(kv_cache_config.kv_cache_groups)
                                  if gi in kept for n in g.layer_names}
@@ -196,6 +197,19 @@ class KvsideConnector(KVConnectorBase_V1, SupportsHMA):
 
     def request_finished_all_groups(self, request, block_ids):
         return self._sched.request_finished(request, block_ids)
+
+
+def _v2_runner(vllm_config):
+    """vLLM's V2 model runner (its default for dense models on GPUs) writes
+    newly allocated blocks (zeroing, copy-on-write of a partial prefix hit)
+    in update_requests, before any connector hook of the step: a block freed
+    by a preemption and handed out again can be written while a store of the
+    preempted request still reads it. So there every store ends within the
+    step that issues it (wait_for_save waits)."""
+    try:
+        return bool(getattr(vllm_config, "use_v2_model_runner", False))
+    except Exception:  # a configuration vLLM itself would refuse later
+        return False
 
 
 def _model_id(mc):

@@ -16,7 +16,9 @@ Ownership and invariants:
   ``save_wait_ms``. Until then its blocks may be read by the server.
 - a volatile store (sliding-window or Mamba blocks) and every store of a
   preempted request end before the next forward writes KV
-  (handle_preemptions, else start_load_kv).
+  (handle_preemptions, else start_load_kv); under vLLM's V2 model runner
+  (``saves_end_in_step``), which writes new blocks before any connector
+  hook, every store ends in the wait_for_save that issues it.
 - ``_loads[req]`` is an asynchronous load not yet reported; it is reported
   once in finished_recving, with its blocks in the load errors if it failed.
 """
@@ -43,7 +45,7 @@ class _Store:
 
 
 class WorkerSide:
-    def __init__(self, cfg, engine, namespace, rank, world, groups, num_blocks, specs):
+    def __init__(self, cfg, engine, namespace, rank, world, groups, num_blocks, specs, saves_end_in_step=False):
         self.cfg, self.engine, self.ns = cfg, engine, namespace
         self.rank, self.world, self.groups = rank, world, groups
         self._group = {g.index: g for g in groups}  # vLLM group index -> GroupInfo
@@ -53,6 +55,7 @@ class WorkerSide:
         # scheduler half makes every load of such a model asynchronous
         self._by_request = len(specs) > 1 and _has_failed_recving()
         self.num_blocks, self.specs = num_blocks, specs  # specs: per group, the vLLM spec
+        self.saves_end_in_step = saves_end_in_step
         self.client, self.handle, self.device = None, None, None
         self._cv = threading.Condition()
         self._stores = {}        # job -> _Store
@@ -264,6 +267,8 @@ class WorkerSide:
             # its blocks hold no valid KV, so its store is sent and failed
             # (every rank's part is then dropped, nothing is published)
             self._submit_store(op, ok=op.req_id not in self._failed_now)
+        if self.saves_end_in_step:
+            self._wait_stores({op.job for op in ops})
 
     def _submit_store(self, op, ok=True):
         if self.client is None:
@@ -303,6 +308,24 @@ class WorkerSide:
             log.warning("kvside: store of %s not sent (%s)", op.req_id, e)
             self.stats["store_failures"] += 1
             self._end_store(job)
+
+    def _wait_stores(self, jobs):
+        """Waits until these store jobs ended (bounded by save_wait_ms each)."""
+        t0 = time.monotonic()
+        with self._cv:
+            while True:
+                left = [s for j, s in self._stores.items() if j in jobs]
+                if not left:
+                    break
+                wait = min(s.deadline for s in left) - time.monotonic()
+                if wait <= 0:
+                    for j in [j for j, s in self._stores.items() if j in jobs and s.deadline <= time.monotonic()]:
+                        log.warning("kvside: store job %d did not end in %d ms; its blocks are released",
+                                    j, self.cfg.save_wait_ms)
+                        del self._stores[j]
+                    continue
+                self._cv.wait(wait + 0.001)
+        self.stats["save_waits_ms"] += int((time.monotonic() - t0) * 1000)
 
     def _fence(self, meta):
         """Waits for the stores whose blocks this step may overwrite: volatile

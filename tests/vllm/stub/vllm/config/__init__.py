@@ -63,6 +63,7 @@ class VllmConfig:
     parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
     scheduler_config: SchedulerConfig = field(default_factory=SchedulerConfig)
     kv_transfer_config: KVTransferConfig | None = None
+    use_v2_model_runner: bool = False  # a property of the environment and model in vLLM 0.32
 
 
 __all__ = ["VllmConfig", "ModelConfig", "ParallelConfig", "CacheConfig", "SchedulerConfig",
