@@ -1,6 +1,6 @@
 """KvsideConnector's parts against the installed vLLM's own classes (no
 engine): the API it implements (inspect against KVConnectorBase_V1 and
-SupportsHMA), the classification of vLLM's KV-cache spec classes, and the
+SupportsHMA; mypy on kvside.vllm with vLLM's types), the classification of vLLM's KV-cache spec classes, and the
 scheduler half's non-blocking lookup against a real server that stops
 answering (SIGSTOP). Run by run.sh with the virtual environment's python."""
 
@@ -56,6 +56,13 @@ class ApiTest(unittest.TestCase):
         with open(os.path.join(ROOT, "tests", "vllm", "vllm_api.txt")) as f:
             self.assertEqual(f.read().splitlines(), dump_api.lines(),
                              "regenerate tests/vllm/vllm_api.txt with dump_api.py and update the stand-in")
+
+    def test_types_check_against_this_vllm(self):
+        import subprocess
+        r = subprocess.run([sys.executable, "-m", "mypy", "--python-version", "3.11", "--follow-imports=silent",
+                            "--ignore-missing-imports", "--cache-dir=/dev/null", "kvside/vllm/"],
+                           cwd=os.path.join(ROOT, "worker", "python"), capture_output=True, text=True)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
 
     def test_failed_loads_are_reported_by_request(self):
         self.assertIn("failed_recving", base.KVConnectorTransferResults.__dataclass_fields__)

@@ -3,6 +3,7 @@
 
 import hashlib
 from dataclasses import dataclass, fields
+from typing import Optional
 
 from ..settings import assign
 
@@ -11,10 +12,10 @@ STORE_POLICIES = ("eager", "finished", "none")
 
 @dataclass
 class ConnectorConfig:
-    broker_dir: str = None          # kvside-server's fd-broker directory (None: its default)
-    endpoint: str = None            # ZeroMQ endpoint (None: ipc://<broker_dir>/kvside.zmq)
+    broker_dir: Optional[str] = None          # kvside-server's fd-broker directory (None: its default)
+    endpoint: Optional[str] = None            # ZeroMQ endpoint (None: ipc://<broker_dir>/kvside.zmq)
     chunk_tokens: int = 256         # tokens per kvside chunk (a multiple of every block size)
-    namespace: str = None           # the whole namespace (None: derived, see namespace_of)
+    namespace: Optional[str] = None           # the whole namespace (None: derived, see namespace_of)
     namespace_salt: str = ""        # mixed into the derived namespace (tenant isolation)
     timeout_ms: int = 10000         # default request timeout
     open_timeout_ms: int = 2000     # connecting to the server (the scheduler retries later)

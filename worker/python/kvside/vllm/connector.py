@@ -14,14 +14,29 @@ half its role has, and calls of the other role are no-ops.
 import logging
 import os
 from math import gcd
+from typing import TYPE_CHECKING, Any, Optional
 
-from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V1, KVConnectorRole,
-                                                               SupportsHMA)
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V1, KVConnectorMetadata,
+                                                               KVConnectorRole, SupportsHMA)
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 
 from .config import ConnectorConfig, namespace_of
 from .groups import group_infos
 from .meta import KvsideConnectorMetadata
+from .scheduler import SchedulerSide
+from .worker import WorkerSide
+
+if TYPE_CHECKING:  # vLLM's own types (mypy against the installed vLLM: tests/vllm_engine/test_units.py)
+    import torch
+    from vllm.config import VllmConfig
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorTransferResults
+    from vllm.forward_context import ForwardContext
+    from vllm.v1.attention.backend import AttentionMetadata
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.outputs import KVConnectorOutput
+    from vllm.v1.request import Request
 
 log = logging.getLogger("kvside.vllm")
 
@@ -31,18 +46,18 @@ __all__ = ["KvsideConnector", "KvsideConnectorMetadata", "KvsideConnectorStats"]
 class KvsideConnectorStats(KVConnectorStats):
     """Counters of one interval; summed over workers and the scheduler."""
 
-    def reset(self):
+    def reset(self) -> None:
         self.data = {}
 
-    def aggregate(self, other):
+    def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
         for k, v in (other.data or {}).items():
             self.data[k] = self.data.get(k, 0) + v
         return self
 
-    def reduce(self):
+    def reduce(self) -> dict[str, Any]:
         return dict(self.data)
 
-    def is_empty(self):
+    def is_empty(self) -> bool:
         return not any(self.data.values())
 
 
@@ -56,9 +71,14 @@ def _tp_rank_world(vllm_config):
 
 
 class KvsideConnector(KVConnectorBase_V1, SupportsHMA):
-    def __init__(self, vllm_config, role, kv_cache_config=None):
-        super().__init__(vllm_config, role, kv_cache_config)
+    def __init__(self, vllm_config: "VllmConfig", role: KVConnectorRole,
+                 kv_cache_config: Optional["KVCacheConfig"] = None) -> None:
+        if kv_cache_config is None:
+            raise ValueError("kvside: KvsideConnector needs the kv_cache_config")
         ktc = vllm_config.kv_transfer_config
+        if ktc is None:
+            raise ValueError("kvside: KvsideConnector needs vLLM's kv_transfer_config")
+        super().__init__(vllm_config, role, kv_cache_config)
         self.cfg = ConnectorConfig.from_extra(ktc.kv_connector_extra_config)
         pc = vllm_config.parallel_config
         if getattr(pc, "pipeline_parallel_size", 1) != 1:
@@ -68,8 +88,6 @@ class KvsideConnector(KVConnectorBase_V1, SupportsHMA):
             if (getattr(pc, cp, 1) or 1) != 1:
                 raise ValueError("kvside: context parallelism is not supported (%s %d): each rank "
                                  "holds a share of every block's tokens" % (cp, getattr(pc, cp)))
-        if kv_cache_config is None:
-            raise ValueError("kvside: KvsideConnector needs the kv_cache_config")
         self.groups = group_infos(kv_cache_config, self.cfg.chunk_tokens)
         sizes = [g.block_size for g in self.groups]
         hbs = self.cfg.hash_block_size or _hash_block_size(vllm_config, kv_cache_config, sizes)
@@ -86,13 +104,12 @@ class KvsideConnector(KVConnectorBase_V1, SupportsHMA):
         if store == "finished" and any(g.kind == "recurrent" for g in self.groups):
             raise ValueError("kvside: store 'finished' cannot keep Mamba states (vLLM frees them while "
                              "the request runs): use store 'eager' for hybrid models")
-        self._sched = self._worker = None
+        self._sched: Optional[SchedulerSide] = None
+        self._worker: Optional[WorkerSide] = None
         if role == KVConnectorRole.SCHEDULER:
-            from .scheduler import SchedulerSide
             self._sched = SchedulerSide(self.cfg, self.engine, self.namespace, tp, self.groups,
                                         len(kv_cache_config.kv_cache_groups), hbs, load, store)
         else:
-            from .worker import WorkerSide
             rank, world = _tp_rank_world(vllm_config)
             self._worker = WorkerSide(self.cfg, self.engine, self.namespace, rank, world, self.groups,
                                       kv_cache_config.num_blocks,
@@ -102,14 +119,24 @@ class KvsideConnector(KVConnectorBase_V1, SupportsHMA):
             self._layer_group = {n: gi for gi, g in enumerate(kv_cache_config.kv_cache_groups)
                                  if gi in kept for n in g.layer_names}
 
+    def _sched_side(self) -> SchedulerSide:
+        if self._sched is None:
+            raise RuntimeError("kvside: a scheduler-side call on the worker's connector")
+        return self._sched
+
+    def _worker_side(self) -> WorkerSide:
+        if self._worker is None:
+            raise RuntimeError("kvside: a worker-side call on the scheduler's connector")
+        return self._worker
+
     # ---- properties vLLM reads ----------------------------------------------------------------
 
     @property
-    def requires_kv_delivery(self):
+    def requires_kv_delivery(self) -> bool:
         return False  # a cache: a dropped save is a later miss
 
     @classmethod
-    def get_required_kvcache_layout(cls, vllm_config):
+    def get_required_kvcache_layout(cls, vllm_config: "VllmConfig") -> Optional[str]:
         """One layout for every engine sharing a namespace (kv_layout, NHD by
         default): NHD and HND pages of one model have the same size, so the
         server could not tell them apart."""
@@ -117,40 +144,41 @@ class KvsideConnector(KVConnectorBase_V1, SupportsHMA):
         return ConnectorConfig.from_extra(ktc.kv_connector_extra_config if ktc else {}).kv_layout
 
     @classmethod
-    def build_kv_connector_stats(cls, data=None):
+    def build_kv_connector_stats(cls, data: Optional[dict[str, Any]] = None) -> Optional[KVConnectorStats]:
         return KvsideConnectorStats(data=dict(data or {}))
 
     # ---- worker side --------------------------------------------------------------------------
 
-    def register_kv_caches(self, kv_caches):
-        self._worker.register(kv_caches, self._layer_group)
+    def register_kv_caches(self, kv_caches: dict[str, "torch.Tensor"]) -> None:
+        self._worker_side().register(kv_caches, self._layer_group)
 
-    def handle_preemptions(self, kv_connector_metadata):
+    def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata) -> None:
         if self._worker is not None and kv_connector_metadata is not None:
             self._worker.handle_preemptions(kv_connector_metadata)
 
-    def start_load_kv(self, forward_context, **kwargs):
+    def start_load_kv(self, forward_context: "ForwardContext", **kwargs: Any) -> None:
         if self._worker is not None and self.has_connector_metadata():
             self._worker.start_load_kv(self._get_connector_metadata())
 
-    def wait_for_layer_load(self, layer_name):
+    def wait_for_layer_load(self, layer_name: str) -> None:
         return  # start_load_kv returns once a synchronous load is in place
 
-    def save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs):
+    def save_kv_layer(self, layer_name: str, kv_layer: "torch.Tensor", attn_metadata: "AttentionMetadata",
+                      **kwargs: Any) -> None:
         return  # one store job per step covers every layer (wait_for_save)
 
-    def wait_for_save(self):
+    def wait_for_save(self) -> None:
         if self._worker is not None and self.has_connector_metadata():
             self._worker.wait_for_save(self._get_connector_metadata())
 
-    def get_finished(self, finished_req_ids):
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[Optional[set[str]], Optional[set[str]]]:
         """vLLM before 0.32 (get_transfer_results calls it otherwise)."""
         if self._worker is None:
             return None, None
         sending, recving, _ = self._worker.get_finished(self._connector_metadata, finished_req_ids)
         return sending or None, recving or None
 
-    def get_transfer_results(self, finished_req_ids):
+    def get_transfer_results(self, finished_req_ids: set[str]) -> "KVConnectorTransferResults":
         """Finished stores and loads, and the loads that failed (also in
         finished_recving, as vLLM wants them)."""
         from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorTransferResults
@@ -160,10 +188,10 @@ class KvsideConnector(KVConnectorBase_V1, SupportsHMA):
         return KVConnectorTransferResults(finished_sending=sending, finished_recving=recving,
                                           failed_recving=failed)
 
-    def get_block_ids_with_load_errors(self):
+    def get_block_ids_with_load_errors(self) -> set[int]:
         return self._worker.get_block_ids_with_load_errors() if self._worker is not None else set()
 
-    def get_kv_connector_stats(self):
+    def get_kv_connector_stats(self) -> Optional[KVConnectorStats]:
         side = self._worker or self._sched
         if side is None or not any(side.stats.values()):
             return None
@@ -172,7 +200,7 @@ class KvsideConnector(KVConnectorBase_V1, SupportsHMA):
             side.stats[k] = 0
         return KvsideConnectorStats(data=data)
 
-    def shutdown(self):
+    def shutdown(self) -> None:
         if self._worker is not None:
             self._worker.shutdown()
         if self._sched is not None:
@@ -180,23 +208,27 @@ class KvsideConnector(KVConnectorBase_V1, SupportsHMA):
 
     # ---- scheduler side -----------------------------------------------------------------------
 
-    def get_num_new_matched_tokens(self, request, num_computed_tokens):
-        return self._sched.get_num_new_matched_tokens(request, num_computed_tokens)
+    def get_num_new_matched_tokens(self, request: "Request",
+                                   num_computed_tokens: int) -> tuple[Optional[int], bool]:
+        return self._sched_side().get_num_new_matched_tokens(request, num_computed_tokens)
 
-    def update_state_after_alloc(self, request, blocks, num_external_tokens):
-        self._sched.update_state_after_alloc(request, blocks, num_external_tokens)
+    def update_state_after_alloc(self, request: "Request", blocks: "KVCacheBlocks",
+                                 num_external_tokens: int) -> None:
+        self._sched_side().update_state_after_alloc(request, blocks, num_external_tokens)
 
-    def build_connector_meta(self, scheduler_output):
-        return self._sched.build_connector_meta(scheduler_output)
+    def build_connector_meta(self, scheduler_output: "SchedulerOutput") -> KVConnectorMetadata:
+        return self._sched_side().build_connector_meta(scheduler_output)
 
-    def update_connector_output(self, connector_output):
-        self._sched.update_connector_output(connector_output)
+    def update_connector_output(self, connector_output: "KVConnectorOutput") -> None:
+        self._sched_side().update_connector_output(connector_output)
 
-    def request_finished(self, request, block_ids):
-        return self._sched.request_finished(request, (block_ids,))
+    def request_finished(self, request: "Request",
+                         block_ids: list[int]) -> tuple[bool, Optional[dict[str, Any]]]:
+        return self._sched_side().request_finished(request, (block_ids,))
 
-    def request_finished_all_groups(self, request, block_ids):
-        return self._sched.request_finished(request, block_ids)
+    def request_finished_all_groups(self, request: "Request",
+                                    block_ids: tuple[list[int], ...]) -> tuple[bool, Optional[dict[str, Any]]]:
+        return self._sched_side().request_finished(request, block_ids)
 
 
 def _v2_runner(vllm_config):

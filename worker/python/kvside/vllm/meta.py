@@ -2,6 +2,7 @@
 (KvsideConnectorMetadata, pickled by vLLM with the SchedulerOutput)."""
 
 from dataclasses import dataclass, field
+from typing import Optional
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
 
@@ -24,7 +25,7 @@ class JobOp:
     sync: bool = False
     volatile: bool = False
     at_step_start: bool = False
-    names: bytes = None   # store: vLLM's block hash of each chunk's last block (KV events)
+    names: Optional[bytes] = None   # store: vLLM's block hash of each chunk's last block (KV events)
 
 
 @dataclass

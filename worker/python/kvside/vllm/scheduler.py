@@ -195,8 +195,8 @@ class SchedulerSide:
             return "pending"
         st.pending = None
         if p.code:
-            e = kvside.KvsideError(p.code, "lookup", p.msg)
-            return self._lookup_failed(e.code_name, str(e), now)
+            err = kvside.KvsideError(p.code, "lookup", p.msg)
+            return self._lookup_failed(err.code_name, str(err), now)
         return kvside.Lookup(p.hits, p.tiers)
 
     def _lookup_failed(self, code_name, what, now):
