@@ -24,6 +24,7 @@ struct kvs_copy_pool {
 	unsigned spinning;  /* threads polling `queued` (guarded by mu): each takes a task without a wake-up */
 	uint64_t inline_max; /* parts up to this many bytes are copied by the submitter */
 	uint64_t spin_ns; /* a thread that ran a task polls the queue this long before it sleeps */
+	unsigned delay_us; /* tests (KVS_TEST_COPY_DELAY_MS): each task waits this long first; nothing inline */
 	bool stop;
 	kvs_cq *cq;
 	unsigned n;
@@ -150,6 +151,13 @@ int kvs_copy_pool_create(unsigned n, uint32_t spin_us, kvs_cq *cq, kvs_copy_pool
 	long cpus = sysconf(_SC_NPROCESSORS_ONLN);
 	uint64_t us = sp ? strtoull(sp, NULL, 10) : cpus >= KVS_COPY_SPIN_MIN_CPUS ? spin_us : 0;
 	p->spin_ns = (us < KVS_COPY_SPIN_MAX_US ? us : KVS_COPY_SPIN_MAX_US) * 1000u; /* destroy waits for a spin */
+	/* tests: copies that end late (a store still reading blocks the engine
+	 * is about to reuse); on the pool threads only, never the loop's */
+	const char *td = getenv("KVS_TEST_COPY_DELAY_MS");
+	if (td) {
+		p->delay_us = (unsigned)strtoul(td, NULL, 10) * 1000u;
+		p->inline_max = 0;
+	}
 	for (p->n = 0; p->n < n; p->n++) {
 		int e = pthread_create(&p->thr[p->n], NULL, worker, p);
 		if (e) {
@@ -202,6 +210,8 @@ void kvs_copy_pool_submit(kvs_copy_pool *p, kvs_copy_task *t)
 /* Runs one task here and posts it, as a pool thread would. */
 static void run_here(kvs_copy_pool *p, kvs_copy_task *t)
 {
+	if (p->delay_us)
+		usleep(p->delay_us);
 	int r = copy_segs(t);
 	if (r && !t->result)
 		t->result = r;

@@ -23,7 +23,9 @@ import kvside  # noqa: E402
 from kvside.vllm import KvsideConnector  # noqa: E402
 from kvside.vllm.config import ConnectorConfig  # noqa: E402
 from kvside.vllm.groups import group_infos  # noqa: E402
+from kvside.vllm.meta import JobOp, KvsideConnectorMetadata  # noqa: E402
 from kvside.vllm.scheduler import SchedulerSide  # noqa: E402
+from kvside.vllm.worker import WorkerSide  # noqa: E402
 from kvt_server import Server  # noqa: E402
 
 
@@ -159,6 +161,45 @@ class LookupTest(unittest.TestCase):
                 break
         self.assertEqual(got, (2 * 32, False), "two chunks hit once the server answers")
         self.assertEqual(side.stats["lookups"], 2, "one lookup was sent for the three asks")
+
+
+class V2SavesTest(unittest.TestCase):
+    """Under vLLM's V2 model runner, which writes newly allocated blocks
+    before any connector hook of the next step, a store ends within the
+    wait_for_save that issued it; under V1 it may run on (fenced where the
+    blocks can be reused). The server's copies run 300 ms late
+    (KVS_TEST_COPY_DELAY_MS), so a store still reading is seen."""
+
+    def pending_after_save(self, v2):
+        os.environ["KVS_TEST_COPY_DELAY_MS"] = "300"
+        try:
+            srv = Server(prefix="kvt-vllm-units-")
+            srv.start()
+        finally:
+            del os.environ["KVS_TEST_COPY_DELAY_MS"]
+        self.addCleanup(srv.cleanup)
+        self.addCleanup(srv.stop)
+        cfg = ConnectorConfig.from_extra({"broker_dir": srv.run, "chunk_tokens": 32})
+        kcc = config(attn(K.FullAttentionSpec))
+        groups = group_infos(kcc, 32)
+        w = WorkerSide(cfg, "vllm-v2", "ns-v2", 0, 1, groups, 16, [g.kv_cache_spec for g in kcc.kv_cache_groups],
+                       saves_end_in_step=v2)
+        self.addCleanup(w.close)
+        cache = torch.zeros(16, 2, 32, 64, dtype=torch.float16)  # [nb, H, bs, 2D], anonymous as vLLM's CPU caches
+        w.register({"l0": cache}, {"l0": 0})
+        import array
+        op = JobOp("r1", 77, os.urandom(32) * 2, [array.array("q", [3, 4])])
+        meta = KvsideConnectorMetadata(stores=[op])
+        w.wait_for_save(meta)
+        busy = w.pending_work()
+        w.shutdown()
+        return busy
+
+    def test_v2_store_ends_in_its_step(self):
+        self.assertFalse(self.pending_after_save(True))
+
+    def test_v1_store_runs_on(self):  # the control: the delay is real
+        self.assertTrue(self.pending_after_save(False))
 
 
 if __name__ == "__main__":
