@@ -19,7 +19,16 @@ real kvside-server (tests/python/kvt_server.py).
      and retrieves its shard, the same tokens;
   6. a float16 engine's cache is not served to a bfloat16 engine of the
      same model (their pages have one size, so only the namespace can tell
-     them apart): no hits, the bfloat16 tokens.
+     them apart): no hits, the bfloat16 tokens;
+  4b/4c. a Llama with a full and a sliding layer (two KV-cache groups) and
+     a FalconH1 (attention + Mamba2): hits, the same tokens;
+  7-9b. the server SIGKILLed as a worker loads (vLLM's local prefix cache
+     holds the first chunks, shared with another request beside it): with
+     `recompute` the same tokens, with `fail` that request alone ends in
+     error; dense and two-group models; 9c: a load that always fails is
+     recomputed once (no retry loop);
+  10. per model kind (two groups, sliding window, Mamba hybrid): L2 after a
+     restart, every load failing, TP 2: the same tokens.
 
 Run by the virtual environment's python (tests/vllm_engine/run.sh); the
 environment names the server and libkvside as for tests/python."""
@@ -179,7 +188,8 @@ class EngineTest(unittest.TestCase):
 
     def test_4_sliding_window(self):
         model = os.path.join(self.tmp, "mistral-sw32")
-        make_model(model, "mistral")
+        if not os.path.isdir(model):
+            make_model(model, "mistral")
         base, out, st = self.same_with_and_without(model)
         self.assertEqual(out, base)
         self.assertGreaterEqual(st["hits"], 4)
@@ -203,7 +213,8 @@ class EngineTest(unittest.TestCase):
         # Mamba's align mode needs vLLM's prefix cache on, so the hits come
         # from a second engine process
         model = os.path.join(self.tmp, "falcon-h1")
-        make_model(model, "falcon-h1")
+        if not os.path.isdir(model):
+            make_model(model, "falcon-h1")
         a = [(7 * i + 3) % 500 + 1 for i in range(600)]
         b = a[:512] + [(11 * i + 5) % 500 + 1 for i in range(80)]
         kw = dict(model=model, block_size=None, max_len=1024, max_batched=128, ignore_eos=True)
@@ -262,6 +273,56 @@ class EngineTest(unittest.TestCase):
     def test_8_server_killed_during_a_load_fail(self):
         b = self.killed_during_load("fail")
         self.assertEqual(b["finish"], "error", "vLLM's fail policy ends B, and B only")
+
+    def matrix(self, model, a, b, chunk, l2_objects=4, **kw):
+        """One model kind's other cells, each against the same engine
+        configuration without the connector: B's hits from L2 after a server
+        restart; B with every load failing (recomputed); TP 2. A (stored
+        first) shares B's first 4 chunks (of which a sliding window needs
+        the last: l2_objects)."""
+        want = self.tokens(engine(dict({"model": model, "runs": [[b]]}, **kw)))
+        srv = self.server(l2=True, l2_sync="full")
+        conn = {"broker_dir": srv.run, "chunk_tokens": chunk}
+
+        def job(runs, **more):
+            return dict({"model": model, "runs": runs, "connector": conn}, **dict(kw, **more))
+        engine(job([[a]]))
+        self.assertEqual(srv.stop(), 0)  # SIGTERM: the write-behind queue is flushed
+        srv.start()
+        self.assertEqual(self.tokens(engine(job([[b]]))), want, "hits from L2 after a restart")
+        self.assertGreaterEqual(stats(srv)["hits_l2"], l2_objects)
+        self.assertEqual(self.tokens(engine(job([[b]], fail_loads=True), timeout=300)), want,
+                         "every load failed: recomputed")
+        self.assertEqual(srv.stop(), 0)
+        want = self.tokens(engine(dict({"model": model, "runs": [[b]], "tp": 2}, **kw)))
+        srv = self.server()
+        conn["broker_dir"] = srv.run
+        engine(job([[a]], tp=2))
+        self.assertEqual(self.tokens(engine(job([[b]], tp=2))), want, "tensor parallelism 2")
+        st = stats(srv)
+        self.assertGreaterEqual(st["hits"], 4, st)
+        self.assertGreaterEqual(st["retrieve_objects"], 2, "both ranks retrieved")
+        self.assertEqual(srv.stop(), 0)
+
+    def test_10_matrix_full_and_sliding_layers(self):
+        model = os.path.join(self.tmp, "llama-mixed")
+        if not os.path.isdir(model):
+            make_model(model, "llama-mixed")
+        self.matrix(model, A, B, CHUNK)
+
+    def test_10_matrix_sliding_window(self):
+        model = os.path.join(self.tmp, "mistral-sw32")
+        if not os.path.isdir(model):
+            make_model(model, "mistral")
+        self.matrix(model, A, B, CHUNK, l2_objects=1)
+
+    def test_10_matrix_mamba_hybrid(self):
+        model = os.path.join(self.tmp, "falcon-h1")
+        if not os.path.isdir(model):
+            make_model(model, "falcon-h1")
+        a = [(7 * i + 3) % 500 + 1 for i in range(600)]
+        b = a[:512] + [(11 * i + 5) % 500 + 1 for i in range(80)]
+        self.matrix(model, a, b, 128, block_size=None, max_len=1024, max_batched=128, ignore_eos=True)
 
     def mixed_model(self):
         """The Llama model with layer 1 sliding: vLLM's full and sliding
