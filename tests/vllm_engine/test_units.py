@@ -117,6 +117,33 @@ class GroupsTest(unittest.TestCase):
             group_infos(config(m), 64)
 
 
+class ConfigTest(unittest.TestCase):
+    """What the connector reads from vLLM's configuration (vLLM 0.32's own
+    ParallelConfig and KVCacheConfig)."""
+
+    def test_context_and_pipeline_parallelism_refused(self):
+        from vllm.config import ParallelConfig
+        from kvside.vllm.connector import _check_parallelism
+        _check_parallelism(ParallelConfig())
+        for kw, name in (({"decode_context_parallel_size": 2}, "decode_context"),
+                         ({"prefill_context_parallel_size": 2}, "prefill_context"),
+                         ({"pipeline_parallel_size": 2}, "pipeline")):
+            pc = ParallelConfig()
+            for k, v in kw.items():
+                object.__setattr__(pc, k, v)
+            with self.assertRaisesRegex(ValueError, name):
+                _check_parallelism(pc)
+
+    def test_hash_block_size_is_the_one_vllm_resolved(self):
+        from types import SimpleNamespace as NS
+        from kvside.vllm.connector import _hash_block_size
+        vc = NS(cache_config=NS(prefix_match_unit=None))
+        kcc = config(attn(K.FullAttentionSpec))
+        self.assertEqual(_hash_block_size(vc, kcc, [32]), 32)
+        kcc.hash_block_size = 16  # vLLM's EngineCore resolved it (e.g. a finer prefix_match_unit)
+        self.assertEqual(_hash_block_size(vc, kcc, [32]), 16)
+
+
 class _Req:
     def __init__(self, rid, hashes, n_tokens):
         self.request_id, self.block_hashes, self.num_tokens = rid, hashes, n_tokens

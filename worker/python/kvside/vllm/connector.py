@@ -78,16 +78,10 @@ class KvsideConnector(KVConnectorBase_V1, SupportsHMA):
         ktc = vllm_config.kv_transfer_config
         if ktc is None:
             raise ValueError("kvside: KvsideConnector needs vLLM's kv_transfer_config")
+        pc = vllm_config.parallel_config
+        _check_parallelism(pc)
         super().__init__(vllm_config, role, kv_cache_config)
         self.cfg = ConnectorConfig.from_extra(ktc.kv_connector_extra_config)
-        pc = vllm_config.parallel_config
-        if getattr(pc, "pipeline_parallel_size", 1) != 1:
-            raise ValueError("kvside: pipeline parallelism is not supported (pipeline_parallel_size %d)"
-                             % pc.pipeline_parallel_size)
-        for cp in ("decode_context_parallel_size", "prefill_context_parallel_size"):
-            if (getattr(pc, cp, 1) or 1) != 1:
-                raise ValueError("kvside: context parallelism is not supported (%s %d): each rank "
-                                 "holds a share of every block's tokens" % (cp, getattr(pc, cp)))
         self.groups = group_infos(kv_cache_config, self.cfg.chunk_tokens)
         sizes = [g.block_size for g in self.groups]
         hbs = self.cfg.hash_block_size or _hash_block_size(vllm_config, kv_cache_config, sizes)
@@ -229,6 +223,18 @@ class KvsideConnector(KVConnectorBase_V1, SupportsHMA):
     def request_finished_all_groups(self, request: "Request",
                                     block_ids: tuple[list[int], ...]) -> tuple[bool, Optional[dict[str, Any]]]:
         return self._sched_side().request_finished(request, block_ids)
+
+
+def _check_parallelism(pc: Any) -> None:
+    """Pipeline and context parallelism are refused: a stage holds only some
+    layers; with DCP/PCP each rank holds a share of every block's tokens."""
+    if (getattr(pc, "pipeline_parallel_size", 1) or 1) != 1:
+        raise ValueError("kvside: pipeline parallelism is not supported (pipeline_parallel_size %d)"
+                         % pc.pipeline_parallel_size)
+    for cp in ("decode_context_parallel_size", "prefill_context_parallel_size"):
+        if (getattr(pc, cp, 1) or 1) != 1:
+            raise ValueError("kvside: context parallelism is not supported (%s %d): each rank "
+                             "holds a share of every block's tokens" % (cp, getattr(pc, cp)))
 
 
 def _v2_runner(vllm_config):
