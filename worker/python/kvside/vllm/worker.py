@@ -309,43 +309,33 @@ class WorkerSide:
             self.stats["store_failures"] += 1
             self._end_store(job)
 
-    def _wait_stores(self, jobs):
-        """Waits until these store jobs ended (bounded by save_wait_ms each)."""
+    def _wait_until_ended(self, blocking):
+        """Waits while a store for which blocking(job, store) holds has not
+        ended; a store past its save_wait_ms deadline is given up (its
+        blocks released)."""
         t0 = time.monotonic()
         with self._cv:
             while True:
-                left = [s for j, s in self._stores.items() if j in jobs]
-                if not left:
-                    break
-                wait = min(s.deadline for s in left) - time.monotonic()
-                if wait <= 0:
-                    for j in [j for j, s in self._stores.items() if j in jobs and s.deadline <= time.monotonic()]:
-                        log.warning("kvside: store job %d did not end in %d ms; its blocks are released",
-                                    j, self.cfg.save_wait_ms)
-                        del self._stores[j]
-                    continue
-                self._cv.wait(wait + 0.001)
-        self.stats["save_waits_ms"] += int((time.monotonic() - t0) * 1000)
-
-    def _fence(self, meta):
-        """Waits for the stores whose blocks this step may overwrite: volatile
-        ones and those of preempted requests (bounded by save_wait_ms)."""
-        with self._cv:
-            def pending():
                 now = time.monotonic()
                 for job, s in list(self._stores.items()):
                     if now > s.deadline:
                         log.warning("kvside: store job %d of %s did not end in %d ms; its blocks "
                                     "are released", job, s.req_id, self.cfg.save_wait_ms)
                         del self._stores[job]
-                return [s for s in self._stores.values() if s.volatile or s.req_id in meta.preempted]
-            t0 = time.monotonic()
-            while True:
-                left = pending()
+                left = [s for j, s in self._stores.items() if blocking(j, s)]
                 if not left:
                     break
-                self._cv.wait(min(s.deadline for s in left) - time.monotonic() + 0.001)
-            self.stats["save_waits_ms"] += int((time.monotonic() - t0) * 1000)
+                self._cv.wait(min(s.deadline for s in left) - now + 0.001)
+        self.stats["save_waits_ms"] += int((time.monotonic() - t0) * 1000)
+
+    def _wait_stores(self, jobs):
+        """Waits until these store jobs ended (bounded by save_wait_ms each)."""
+        self._wait_until_ended(lambda j, s: j in jobs)
+
+    def _fence(self, meta):
+        """Waits for the stores whose blocks this step may overwrite: volatile
+        ones and those of preempted requests (bounded by save_wait_ms)."""
+        self._wait_until_ended(lambda j, s: s.volatile or s.req_id in meta.preempted)
 
     handle_preemptions = _fence
 
