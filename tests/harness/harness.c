@@ -95,11 +95,15 @@ int kvt_server_start(kvt_server *s)
 {
 	if (kvt_server_spawn(s) != 0)
 		return -1;
-	uint64_t deadline = kvt_now_ms() + (getenv("KVT_SERVER_WRAPPER") ? 30000 : 5000);
+	/* 20 s: an ASan server on a loaded two-core CI machine once took over 5 s
+	 * to answer its first hello (the server exiting ends the wait at once) */
+	uint64_t t0 = kvt_now_ms(), deadline = t0 + (getenv("KVT_SERVER_WRAPPER") ? 30000 : 20000);
+	bool sock = false;
 	while (kvt_now_ms() < deadline) {
 		char path[400];
 		snprintf(path, sizeof(path), "%s/kvside.zmq", s->run);
 		if (access(path, F_OK) == 0) {
+			sock = true;
 			kvs_client *c = kvt_client(s, "probe", KVS_ROLE_SCHEDULER, 0, 1, NULL, NULL);
 			if (c) {
 				kvs_client_close(c);
@@ -109,10 +113,13 @@ int kvt_server_start(kvt_server *s)
 		int st;
 		if (waitpid(s->pid, &st, WNOHANG) == s->pid) {
 			s->pid = 0;
+			fprintf(stderr, "kvt_server_start: the server exited at start (wait status %d)\n", st);
 			return -1;
 		}
 		usleep(20000);
 	}
+	fprintf(stderr, "kvt_server_start: no answer to a hello within %llu ms (socket %s)\n",
+		(unsigned long long)(kvt_now_ms() - t0), sock ? "present" : "absent");
 	return -1;
 }
 

@@ -40,8 +40,9 @@ int kvt_server_init_in(kvt_server *s, const char *parent, char *const *extra);
  * 127.0.0.1:0 (each server its own port; extra args may override), the
  * extra args and --log-level; returns at once. 0 or -1. */
 int kvt_server_spawn(kvt_server *s);
-/* kvt_server_spawn, then waits until the server answers a hello (5 s; 30 s
- * under a wrapper). 0 or -1 (the server exited or never answered). */
+/* kvt_server_spawn, then waits until the server answers a hello (20 s; 30 s
+ * under a wrapper). 0 or -1 (the server exited or never answered; which of
+ * the two is printed to stderr). */
 int kvt_server_start(kvt_server *s);
 /* SIGTERM, waits up to 30 s; returns the exit status (128 + signal when
  * killed by one), or -1 when there was no server or it had to be killed. */
