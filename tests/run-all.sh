@@ -13,6 +13,8 @@ cd "$(dirname "$0")/.."
 ./configs/install-deps.sh || exit 1
 # the real vLLM of the engine tests, in its own virtual environment (pinned)
 tests/vllm_engine/make-venv.sh build-vllm-venv || echo "== vllm-engine: environment not made (the tests skip)"
+# the real SGLang of tests/sglang_pkg, in its own (pinned)
+tests/vllm_engine/make-venv.sh build-sglang-venv tests/sglang_pkg/requirements.txt || echo "== sglang: environment not made (sglang_pkg skips)"
 passed=0; failed=0
 run_suite() { # build-dir label meson-test-args...
   local dir=$1 label=$2; shift 2

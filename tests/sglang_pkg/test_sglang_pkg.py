@@ -1,0 +1,303 @@
+"""kvside.sglang.KvsideStorage inside the real SGLang (issue 32): sglang 0.5.23
+from PyPI (tests/sglang_pkg/requirements.txt, its own virtual environment),
+real kvside servers.
+
+SGLang's own code does the work: its HiCacheStorageConfig, its
+StorageBackendFactory loading the backend through "dynamic" with the README's
+extra config, its host KV pools (MHATokenToKVPoolHost in every layout,
+MLATokenToKVPoolHost) allocated by its own allocators ("shm" and its
+default) and its own host-page allocator (pool.alloc), the calls in
+HiCacheController's order and with its arguments (batch_exists with
+extra_info, batch_get_v1 / batch_set_v1 with host indices and extra_info),
+pages compared through the pool's own get_data_page.
+
+Substitutes, and why:
+- the device pools: SGLang builds a host pool from the device pool's
+  buffers (MHABufferInfo / MLABufferInfo). Its device pools need CUDA, so
+  the buffers here are CPU tensors of the same shapes; the host pool never
+  copies from them in these tests (the storage calls move host pages only).
+- torchvision (tests/sglang/shim): imported by SGLang's multimodal configs
+  at module level; PyPI's wheels are CUDA builds that do not load beside
+  torch 2.13.0+cpu. transformers is asked first, so it caches "no
+  torchvision" and never imports the stand-in.
+
+Cases:
+- every MHA layout (layer_first, page_first, page_first_direct, page_head)
+  with both allocators: pages set, batch_exists counts the stored prefix,
+  batch_get_v1 into other host pages is byte-exact and leaves every other
+  page untouched, an unknown page is a miss;
+- the MLA pool (page_first): the same;
+- L2: the server restarted on its L2 directory, the same backend finds the
+  pages and fetches them byte-exact (it re-registers by itself);
+- the server killed: batch_exists answers 0 and batch_get_v1 all False
+  within the backend's time-outs (lookup_timeout_ms, load_timeout_ms, then
+  the wait for the job's end, store_wait_ms), nothing hangs;
+- a pool anonymous to kvside (pin_memory tensors are not used by SGLang's
+  allocators; a private tensor is) and a refused layout: clear errors;
+- the interface: every method of the installed HiCacheStorage that SGLang
+  calls is overridden with a signature SGLang's call sites fit (inspect).
+
+Environment: KVSIDE_LIB, KVS_SERVER; run by run.sh with the environment's
+python (exit 77 when there is none: tests/sglang_pkg/run.sh).
+"""
+
+import inspect
+import os
+import sys
+import time
+import unittest
+
+from transformers.utils import import_utils as _tu
+
+# transformers caches its torchvision probe: asked before the stand-in is on
+# sys.path it answers False for good (see the header)
+_tu.is_torchvision_available()
+_tu.is_torchvision_v2_available()
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
+sys.path[:0] = [os.path.join(ROOT, "tests", "sglang", "shim"), os.path.join(ROOT, "worker", "python"),
+                os.path.join(ROOT, "tests", "python")]
+
+import torch  # noqa: E402
+import sglang  # noqa: E402
+from sglang.srt.mem_cache import hicache_storage as hs  # noqa: E402
+from sglang.srt.mem_cache.device_pool_info import (  # noqa: E402
+    KVBufferLayout, KVBuffers, MHABufferInfo, MLABufferInfo)
+from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost  # noqa: E402
+from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost  # noqa: E402
+from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory  # noqa: E402
+
+from kvt_server import Server  # noqa: E402
+
+LAYERS, HEADS, HEAD_DIM, PAGE, TOKENS = 2, 2, 8, 4, 64
+MHA_LAYOUTS = ("layer_first", "page_first", "page_first_direct", "page_head")
+ALLOCATORS = ("shm", "default")
+
+
+def _ptrs(ts):
+    return torch.tensor([t.data_ptr() for t in ts], dtype=torch.uint64)
+
+
+def mha_pool(layout, allocator):
+    """A host pool built the way SGLang's assembler builds it, from (CPU)
+    device buffers of TOKENS + one padding page per layer."""
+    k = [torch.zeros(TOKENS + PAGE, HEADS, HEAD_DIM, dtype=torch.bfloat16) for _ in range(LAYERS)]
+    v = [torch.zeros(TOKENS + PAGE, HEADS, HEAD_DIM, dtype=torch.bfloat16) for _ in range(LAYERS)]
+    info = MHABufferInfo(buffers=KVBuffers(k=tuple(k), v=tuple(v), k_data_ptrs=_ptrs(k), v_data_ptrs=_ptrs(v),
+                                           layout=KVBufferLayout.NHD),
+                         page_size=PAGE, head_num=HEADS, head_dim=HEAD_DIM, v_head_dim=HEAD_DIM,
+                         dtype=torch.bfloat16, device=torch.device("cpu"))
+    return MHATokenToKVPoolHost(info, 2.0, 0, PAGE, layout, pin_memory=False, device="cpu",
+                                allocator_type=allocator, device_capacity_tokens=TOKENS, start_layer=0,
+                                end_layer=LAYERS)
+
+
+def mla_pool(layout, allocator):
+    lora, rope = 16, 8
+    bufs = tuple(torch.zeros(TOKENS + PAGE, 1, lora + rope, dtype=torch.bfloat16) for _ in range(LAYERS))
+    info = MLABufferInfo(buffers=bufs, data_ptrs=_ptrs(bufs), layer_indices=tuple(range(LAYERS)),
+                         device_layer_num=LAYERS, page_size=PAGE, kv_lora_rank=lora, qk_rope_head_dim=rope,
+                         kv_cache_dim=lora + rope, dtype=torch.bfloat16, device=torch.device("cpu"))
+    return MLATokenToKVPoolHost(info, 2.0, 0, PAGE, layout, pin_memory=False, device="cpu",
+                                allocator_type=allocator, device_capacity_tokens=TOKENS, start_layer=0,
+                                end_layer=LAYERS, target_layer_num=LAYERS)
+
+
+def storage_config(srv, pool, allocator, mla=False, **extra):
+    cfg = {"backend_name": "kvside", "module_path": "kvside.sglang", "class_name": "KvsideStorage",
+           "interface_v1": 1, "allocator": allocator, "broker_dir": srv.run}
+    cfg.update(extra)
+    return hs.HiCacheStorageConfig(tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
+                                   is_mla_model=mla, enable_storage_metrics=False,
+                                   is_page_first_layout=pool.layout != "layer_first", model_name="kvt-model",
+                                   extra_config=cfg)
+
+
+def attach(srv, pool, allocator, mla=False, **extra):
+    """What HiCacheController.attach_storage_backend does: the factory, then
+    the pool, then the end of the registration burst."""
+    be = StorageBackendFactory.create_backend("dynamic", storage_config(srv, pool, allocator, mla, **extra), pool)
+    be.register_mem_pool_host(pool)
+    be.on_host_pools_registered()
+    return be
+
+
+def fill_random(pool, seed):
+    g = torch.Generator().manual_seed(seed)
+    raw = pool.kv_buffer.view(torch.uint8)
+    raw.copy_(torch.randint(0, 256, raw.shape, dtype=torch.uint8, generator=g))
+
+
+def pages(pool, indices):
+    """The page starts of host indices (whole pages, as SGLang allocates)."""
+    return [int(i) for i in indices[::pool.page_size]]
+
+
+class PkgTest(unittest.TestCase):
+    def setUp(self):
+        self.servers = []
+
+    def tearDown(self):
+        for s in self.servers:
+            s.stop()
+
+    def server(self, extra=(), **kw):
+        s = Server("--allow-unsealed-memory", "true", *extra, **kw)
+        s.start()
+        self.servers.append(s)
+        return s
+
+    def roundtrip(self, srv, pool, allocator, be, tag):
+        """set 3 pages, exists, get them into 3 other pages: byte-exact, every
+        other page untouched; an unknown fourth key is a miss."""
+        extra = hs.HiCacheStorageExtraInfo()
+        src = pool.alloc(3 * PAGE)
+        dst = pool.alloc(3 * PAGE)
+        self.assertIsNotNone(src)
+        self.assertIsNotNone(dst)
+        keys = ["%s-page-%d" % (tag, i) for i in range(3)]
+        self.assertEqual(be.batch_set_v1(keys, src, extra), [True] * 3)
+        self.assertEqual(be.batch_exists(keys + ["%s-unknown" % tag], extra), 3)
+        self.assertEqual(be.batch_exists(["%s-unknown" % tag] + keys, extra), 0)
+        want = [pool.get_data_page(p).clone() for p in pages(pool, src)]
+        # the destination pages hold other bytes before the get
+        for p in pages(pool, dst):
+            pool.get_data_page(p, flat=False).view(torch.uint8).fill_(0xEE)
+        before = pool.kv_buffer.clone()
+        self.assertEqual(be.batch_get_v1(keys, dst, extra), [True] * 3)
+        got = [pool.get_data_page(p) for p in pages(pool, dst)]
+        for i, (w, g) in enumerate(zip(want, got)):
+            self.assertTrue(torch.equal(w.view(torch.uint8), g.view(torch.uint8)), "%s page %d differs" % (tag, i))
+        # every page but the destinations is as before the get
+        n_pages = pool.size // PAGE
+        for p in range(n_pages):
+            if p * PAGE in pages(pool, dst):
+                continue
+            self.assertTrue(torch.equal(pool.get_data_page(p * PAGE).view(torch.uint8),
+                                        self._page_of(pool, before, p * PAGE).view(torch.uint8)),
+                            "%s: page %d changed by a get into other pages" % (tag, p))
+        return keys, src, dst
+
+    @staticmethod
+    def _page_of(pool, buf, index):
+        saved = pool.kv_buffer
+        pool.kv_buffer = buf
+        try:
+            return pool.get_data_page(index)
+        finally:
+            pool.kv_buffer = saved
+
+    def test_mha_layouts_and_allocators(self):
+        srv = self.server()
+        for layout in MHA_LAYOUTS:
+            for allocator in ALLOCATORS:
+                with self.subTest(layout=layout, allocator=allocator):
+                    pool = mha_pool(layout, allocator)
+                    fill_random(pool, hash((layout, allocator)) & 0xFFFF)
+                    be = attach(srv, pool, allocator)
+                    try:
+                        self.roundtrip(srv, pool, allocator, be, "%s-%s" % (layout, allocator))
+                    finally:
+                        be.close()
+
+    def test_mla_pool(self):
+        srv = self.server()
+        for allocator in ALLOCATORS:
+            with self.subTest(allocator=allocator):
+                pool = mla_pool("page_first", allocator)
+                fill_random(pool, 7)
+                be = attach(srv, pool, allocator, mla=True)
+                try:
+                    self.roundtrip(srv, pool, allocator, be, "mla-%s" % allocator)
+                finally:
+                    be.close()
+
+    def test_l2_after_restart(self):
+        srv = self.server(l2=True, l2_sync="full")
+        pool = mha_pool("page_first", "shm")
+        fill_random(pool, 11)
+        be = attach(srv, pool, "shm")
+        try:
+            keys, src, dst = self.roundtrip(srv, pool, "shm", be, "l2")
+            want = [pool.get_data_page(p).clone() for p in pages(pool, src)]
+            srv.stop()
+            srv.start()
+            for p in pages(pool, dst):
+                pool.get_data_page(p, flat=False).view(torch.uint8).fill_(0)
+            deadline = time.monotonic() + 20
+            while be.batch_exists(keys) != 3 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            self.assertEqual(be.batch_exists(keys), 3, "pages not found in L2 after the restart")
+            self.assertEqual(be.batch_get_v1(keys, dst), [True] * 3)
+            for i, (w, p) in enumerate(zip(want, pages(pool, dst))):
+                self.assertTrue(torch.equal(w.view(torch.uint8), pool.get_data_page(p).view(torch.uint8)),
+                                "page %d differs after the restart" % i)
+        finally:
+            be.close()
+
+    def test_server_killed(self):
+        # a get that timed out waits for its job to end (up to store_wait_ms:
+        # a live but slow server may still write into the pages); a killed
+        # server cannot be told from a stopped one, so that wait runs out.
+        # The deadlines are the documented pair, shortened: store_wait_ms
+        # above the server's --job-deadline-ms.
+        srv = self.server(extra=("--job-deadline-ms", "3000"))
+        pool = mha_pool("layer_first", "shm")
+        fill_random(pool, 13)
+        be = attach(srv, pool, "shm", timeout_ms=2000, lookup_timeout_ms=500, load_timeout_ms=2000,
+                    store_wait_ms=4000)
+        try:
+            keys, src, dst = self.roundtrip(srv, pool, "shm", be, "kill")
+            srv.kill()
+            t0 = time.monotonic()
+            self.assertEqual(be.batch_exists(keys), 0)
+            self.assertEqual(be.batch_get_v1(keys, dst), [False] * 3)
+            self.assertLess(time.monotonic() - t0, 12, "calls waited past their time-outs")
+        finally:
+            be.close()
+
+    def test_refusals(self):
+        srv = self.server()
+        pool = mha_pool("layer_first", "default")
+        cfg = storage_config(srv, pool, "default")
+        cfg.extra_config = dict(cfg.extra_config, no_such_key=1)
+        with self.assertRaisesRegex(ValueError, "no_such_key"):
+            StorageBackendFactory.create_backend("dynamic", cfg, pool)
+        cfg = storage_config(srv, pool, "default")
+        del cfg.extra_config["interface_v1"]
+        with self.assertRaisesRegex(ValueError, "interface_v1"):
+            StorageBackendFactory.create_backend("dynamic", cfg, pool)
+        # a pool whose buffer is private anonymous memory: refused, naming why
+        be = StorageBackendFactory.create_backend("dynamic", storage_config(srv, pool, "default"), pool)
+        try:
+            pool.kv_buffer = torch.zeros_like(pool.kv_buffer)
+            with self.assertRaisesRegex(Exception, "anonymous|memfd|allocator"):
+                be.register_mem_pool_host(pool)
+        finally:
+            be.close()
+
+    def test_interface(self):
+        from kvside.sglang import KvsideStorage
+        base = hs.HiCacheStorage
+        called = ["register_mem_pool_host", "register_mem_host_pool_v2", "on_host_pools_registered",
+                  "batch_exists", "batch_get_v1", "batch_set_v1", "batch_exists_v2", "batch_get_v2",
+                  "batch_set_v2", "exists", "get", "set", "batch_get", "batch_set", "clear", "get_stats"]
+        for name in called:
+            with self.subTest(method=name):
+                self.assertTrue(hasattr(base, name), "SGLang's HiCacheStorage has no %s any more" % name)
+                want = [p for p in inspect.signature(getattr(base, name)).parameters.values()]
+                have = inspect.signature(getattr(KvsideStorage, name)).parameters
+                for p in want:
+                    self.assertIn(p.name, have, "%s lacks parameter %s of SGLang's %s" % (name, p.name, name))
+                    if p.default is not inspect.Parameter.empty:
+                        self.assertIsNot(have[p.name].default, inspect.Parameter.empty,
+                                         "%s.%s must stay optional as in SGLang" % (name, p.name))
+                self.assertEqual(len(have), len(want), "%s takes other parameters than SGLang's" % name)
+        for name in [n for n, v in vars(base).items() if callable(v) and getattr(v, "__isabstractmethod__", False)]:
+            self.assertIn(name, vars(KvsideStorage), "abstract %s not overridden" % name)
+
+
+if __name__ == "__main__":
+    print("sglang", sglang.__version__, "torch", torch.__version__)
+    unittest.main(verbosity=2)
