@@ -27,6 +27,9 @@ Cases:
   batch_get_v1 into other host pages is byte-exact and leaves every other
   page untouched, an unknown page is a miss;
 - the MLA pool (page_first): the same;
+- TP 2: two spawned rank processes with torch.distributed (gloo), each its
+  own pool with other bytes: a set of both ranks is visible and fetched
+  byte-exact on each, a set only rank 0 sends never is;
 - L2: the server restarted on its L2 directory, the same backend finds the
   pages and fetches them byte-exact (it re-registers by itself);
 - the server killed: batch_exists answers 0 and batch_get_v1 all False
@@ -47,17 +50,20 @@ import sys
 import time
 import unittest
 
-from transformers.utils import import_utils as _tu
-
-# transformers caches its torchvision probe: asked before the stand-in is on
-# sys.path it answers False for good (see the header)
-_tu.is_torchvision_available()
-_tu.is_torchvision_v2_available()
-
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
-sys.path[:0] = [os.path.join(ROOT, "tests", "sglang", "shim"), os.path.join(ROOT, "worker", "python"),
-                os.path.join(ROOT, "tests", "python")]
+SHIM = os.path.join(ROOT, "tests", "sglang", "shim")
+# transformers caches its torchvision probe: asked while the stand-in is not
+# on sys.path it answers False for good (see the header). A spawned rank
+# process starts with its parent's sys.path, the stand-in on it: taken off
+# for the probe.
+sys.path[:] = [p for p in sys.path if p != SHIM]
+from transformers.utils import import_utils as _tu  # noqa: E402
+_tu.is_torchvision_available()
+_tu.is_torchvision_v2_available()
+for _p in (os.path.join(ROOT, "tests", "python"), os.path.join(ROOT, "worker", "python"), SHIM):
+    if _p not in sys.path:
+        sys.path.insert(0, _p)
 
 import torch  # noqa: E402
 import sglang  # noqa: E402
@@ -132,6 +138,49 @@ def fill_random(pool, seed):
 def pages(pool, indices):
     """The page starts of host indices (whole pages, as SGLang allocates)."""
     return [int(i) for i in indices[::pool.page_size]]
+
+
+def tp_rank_main(rank, world, run, init_file, layout, out):
+    """One TP rank of a TP 2 SGLang instance: torch.distributed (gloo) as
+    SGLang initialises it before the hierarchical cache, its own host pool
+    (its heads), the backend attached, then the storage calls. Each rank's
+    pages hold other bytes (other heads). Puts (rank, result dict) on out."""
+    import torch.distributed as dist
+    res = {}
+    try:
+        dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank, world_size=world)
+
+        class _Srv:  # what storage_config reads of a server
+            pass
+        srv = _Srv()
+        srv.run = run
+        pool = mha_pool(layout, "shm")
+        fill_random(pool, 100 + rank)
+        cfg = storage_config(srv, pool, "shm")
+        cfg.tp_rank, cfg.tp_size = rank, world
+        be = StorageBackendFactory.create_backend("dynamic", cfg, pool)
+        be.register_mem_pool_host(pool)
+        be.on_host_pools_registered()
+        src, dst = pool.alloc(2 * PAGE), pool.alloc(2 * PAGE)
+        keys = ["tp-page-0", "tp-page-1"]
+        if rank == 0:
+            # a set only rank 0 sends is never visible
+            res["lone_set"] = be.batch_set_v1(["tp-lone"], pool.alloc(PAGE))
+        dist.barrier()
+        res["lone_exists"] = be.batch_exists(["tp-lone"])
+        res["set"] = be.batch_set_v1(keys, src)
+        res["exists"] = be.batch_exists(keys + ["tp-unknown"])
+        want = [pool.get_data_page(p).clone() for p in pages(pool, src)]
+        res["get"] = be.batch_get_v1(keys, dst)
+        res["exact"] = all(torch.equal(w.view(torch.uint8), pool.get_data_page(p).view(torch.uint8))
+                           for w, p in zip(want, pages(pool, dst)))
+        be.close()
+        dist.barrier()
+        dist.destroy_process_group()
+    except Exception as e:  # reported to the test, which fails on it
+        import traceback
+        res["error"] = "%s\n%s" % (e, traceback.format_exc())
+    out.put((rank, res))
 
 
 class PkgTest(unittest.TestCase):
@@ -256,6 +305,40 @@ class PkgTest(unittest.TestCase):
             self.assertLess(time.monotonic() - t0, 12, "calls waited past their time-outs")
         finally:
             be.close()
+
+    def test_tp2(self):
+        import multiprocessing as mp
+        import tempfile
+        # the lone set waits for rank 1 until the server's job deadline
+        srv = self.server(extra=("--job-deadline-ms", "3000"))
+        ctx = mp.get_context("spawn")
+        out = ctx.Queue()
+        init = os.path.join(tempfile.mkdtemp(prefix="kvt-sgl-tp-"), "init")
+        procs = [ctx.Process(target=tp_rank_main, args=(r, 2, srv.run, init, "page_first", out)) for r in range(2)]
+        for p in procs:
+            p.start()
+        import queue
+        results, deadline = {}, time.monotonic() + 120
+        while len(results) < len(procs) and time.monotonic() < deadline:
+            try:
+                r, res = out.get(timeout=1)
+                results[r] = res
+            except queue.Empty:
+                dead = [i for i, p in enumerate(procs) if p.exitcode is not None and i not in results]
+                self.assertFalse(dead, "rank(s) %s exited (%s) without a result" %
+                                 (dead, [procs[i].exitcode for i in dead]))
+        self.assertEqual(len(results), len(procs), "the ranks did not finish within 120 s")
+        for p in procs:
+            p.join(30)
+        for r in range(2):
+            res = results[r]
+            self.assertNotIn("error", res, res.get("error"))
+            self.assertEqual(res["lone_exists"], 0, "rank %d: a page only rank 0 stored is visible" % r)
+            self.assertEqual(res["set"], [True, True])
+            self.assertEqual(res["exists"], 2)
+            self.assertEqual(res["get"], [True, True])
+            self.assertTrue(res["exact"], "rank %d: its own heads differ after the get" % r)
+        self.assertEqual(results[0]["lone_set"], [False])
 
     def test_refusals(self):
         srv = self.server()
