@@ -27,6 +27,10 @@ Cases:
   batch_get_v1 into other host pages is byte-exact and leaves every other
   page untouched, an unknown page is a miss;
 - the MLA pool (page_first): the same;
+- a hybrid model's Mamba pool (MambaPoolHost, page_first, shm) through the
+  v2 interface: a state set at a prefix end with the KV pages, found with
+  the trailing-pages policy (a prefix without its end state is not), and
+  fetched into another slot byte-exact;
 - TP 2: two spawned rank processes with torch.distributed (gloo), each its
   own pool with other bytes: a set of both ranks is visible and fetched
   byte-exact on each, a set only rank 0 sends never is;
@@ -69,7 +73,8 @@ import torch  # noqa: E402
 import sglang  # noqa: E402
 from sglang.srt.mem_cache import hicache_storage as hs  # noqa: E402
 from sglang.srt.mem_cache.device_pool_info import (  # noqa: E402
-    KVBufferLayout, KVBuffers, MHABufferInfo, MLABufferInfo)
+    KVBufferLayout, KVBuffers, MambaStateBufferInfo, MHABufferInfo, MLABufferInfo)
+from sglang.srt.mem_cache.pool_host.mamba import MambaPoolHost  # noqa: E402
 from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost  # noqa: E402
 from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost  # noqa: E402
 from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory  # noqa: E402
@@ -339,6 +344,57 @@ class PkgTest(unittest.TestCase):
             self.assertEqual(res["get"], [True, True])
             self.assertTrue(res["exact"], "rank %d: its own heads differ after the get" % r)
         self.assertEqual(results[0]["lone_set"], [False])
+
+    def test_hybrid_mamba(self):
+        """A hybrid model's pools as SGLang registers them (the anchor, then
+        every entry through v2) and its v2 calls: states set at a prefix end
+        with the KV pages, batch_exists_v2 with the trailing-pages policy,
+        the state fetched into another slot byte-exact (temporal and conv)."""
+        srv = self.server()
+        pool = mha_pool("page_first", "shm")
+        fill_random(pool, 17)
+        layers, slots = 2, 8
+        info = MambaStateBufferInfo(temporal=torch.zeros(layers, slots + 1, 4, 8, dtype=torch.float32),
+                                    conv=(torch.zeros(layers, slots + 1, 6, 3, dtype=torch.bfloat16),))
+        mp = MambaPoolHost(info, 2.0, 0, device_capacity=slots, pin_memory=False, device="cpu",
+                           allocator_type="shm", layout="page_first")
+        mp.temporal_buffer.normal_()
+        for c in mp.conv_buffer:
+            c.normal_()
+        be = StorageBackendFactory.create_backend("dynamic", storage_config(srv, pool, "shm"), pool)
+        try:
+            be.register_mem_pool_host(pool)
+            be.register_mem_host_pool_v2(pool, hs.PoolName.KV)
+            be.register_mem_host_pool_v2(mp, hs.PoolName.MAMBA)
+            be.on_host_pools_registered()
+            keys = ["hy-0", "hy-1", "hy-2"]
+            kv_src, slot = pool.alloc(3 * PAGE), mp.alloc(1)
+            trailing = hs.PoolHitPolicy.TRAILING_PAGES
+            # a write-through: the side pools, then the KV pages
+            set_t = hs.PoolTransfer(name=hs.PoolName.MAMBA, host_indices=slot, keys=keys[-1:], hit_policy=trailing)
+            self.assertEqual(list(be.batch_set_v2([set_t]).values()), [[True]])
+            self.assertEqual(be.batch_set_v1(keys, kv_src), [True] * 3)
+            r = be.batch_exists_v2(keys, [hs.PoolTransfer(name=hs.PoolName.MAMBA, keys=keys[-1:],
+                                                          hit_policy=trailing)])
+            self.assertEqual(r.kv_hit_pages, 3)
+            # no state at the end of two pages: nothing SGLang could restore
+            r = be.batch_exists_v2(keys[:2], [hs.PoolTransfer(name=hs.PoolName.MAMBA, keys=keys[1:2],
+                                                              hit_policy=trailing)])
+            self.assertEqual(r.kv_hit_pages, 0)
+            kv_dst, slot2 = pool.alloc(3 * PAGE), mp.alloc(1)
+            self.assertEqual(be.batch_get_v1(keys, kv_dst), [True] * 3)
+            get_t = hs.PoolTransfer(name=hs.PoolName.MAMBA, host_indices=slot2, keys=keys[-1:], hit_policy=trailing)
+            self.assertEqual(list(be.batch_get_v2([get_t]).values()), [[True]])
+            a, b = int(slot[0]), int(slot2[0])
+            self.assertNotEqual(a, b)
+            self.assertTrue(torch.equal(mp.temporal_buffer[a], mp.temporal_buffer[b]), "temporal state differs")
+            for c in mp.conv_buffer:
+                self.assertTrue(torch.equal(c[a].view(torch.uint8), c[b].view(torch.uint8)), "conv state differs")
+            for i, (p, q) in enumerate(zip(pages(pool, kv_src), pages(pool, kv_dst))):
+                self.assertTrue(torch.equal(pool.get_data_page(p).view(torch.uint8),
+                                            pool.get_data_page(q).view(torch.uint8)), "KV page %d differs" % i)
+        finally:
+            be.close()
 
     def test_refusals(self):
         srv = self.server()
