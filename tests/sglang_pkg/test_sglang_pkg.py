@@ -31,6 +31,10 @@ Cases:
   v2 interface: a state set at a prefix end with the KV pages, found with
   the trailing-pages policy (a prefix without its end state is not), and
   fetched into another slot byte-exact;
+- an SWA window pool (a second MHATokenToKVPoolHost) through the v2
+  calls: a two-page window set at the prefix end, found with the
+  trailing-pages policy (a window with a page the pool lacks is not), and
+  fetched into other pages byte-exact;
 - TP 2: two spawned rank processes with torch.distributed (gloo), each its
   own pool with other bytes: a set of both ranks is visible and fetched
   byte-exact on each, a set only rank 0 sends never is;
@@ -393,6 +397,41 @@ class PkgTest(unittest.TestCase):
             for i, (p, q) in enumerate(zip(pages(pool, kv_src), pages(pool, kv_dst))):
                 self.assertTrue(torch.equal(pool.get_data_page(p).view(torch.uint8),
                                             pool.get_data_page(q).view(torch.uint8)), "KV page %d differs" % i)
+        finally:
+            be.close()
+
+    def test_hybrid_swa(self):
+        """An SWA model's window pool (an MHATokenToKVPoolHost of its own,
+        as SGLang's hybrid pool assembler builds it) through the v2 calls: a
+        window of two pages set at the prefix end, batch_exists_v2 with the
+        trailing-pages policy, the window fetched into other pages exact."""
+        srv = self.server()
+        pool, swa = mha_pool("page_first", "shm"), mha_pool("page_first", "shm")
+        fill_random(pool, 19)
+        fill_random(swa, 23)
+        be = StorageBackendFactory.create_backend("dynamic", storage_config(srv, pool, "shm"), pool)
+        try:
+            be.register_mem_pool_host(pool)
+            be.register_mem_host_pool_v2(pool, hs.PoolName.KV)
+            be.register_mem_host_pool_v2(swa, hs.PoolName.SWA)
+            be.on_host_pools_registered()
+            trailing = hs.PoolHitPolicy.TRAILING_PAGES
+            keys = ["sw-%d" % i for i in range(4)]
+            kv_src, win_src = pool.alloc(4 * PAGE), swa.alloc(2 * PAGE)
+            set_t = hs.PoolTransfer(name=hs.PoolName.SWA, host_indices=win_src, keys=keys[-2:], hit_policy=trailing)
+            self.assertEqual(list(be.batch_set_v2([set_t]).values()), [[True, True]])
+            self.assertEqual(be.batch_set_v1(keys, kv_src), [True] * 4)
+            ask = [hs.PoolTransfer(name=hs.PoolName.SWA, keys=keys[-2:], hit_policy=trailing)]
+            self.assertEqual(be.batch_exists_v2(keys, ask).kv_hit_pages, 4)
+            # the window ending at page 3 holds page 1, which the SWA pool lacks
+            ask = [hs.PoolTransfer(name=hs.PoolName.SWA, keys=keys[1:3], hit_policy=trailing)]
+            self.assertEqual(be.batch_exists_v2(keys[:3], ask).kv_hit_pages, 0)
+            win_dst = swa.alloc(2 * PAGE)
+            get_t = hs.PoolTransfer(name=hs.PoolName.SWA, host_indices=win_dst, keys=keys[-2:], hit_policy=trailing)
+            self.assertEqual(list(be.batch_get_v2([get_t]).values()), [[True, True]])
+            for i, (p, q) in enumerate(zip(pages(swa, win_src), pages(swa, win_dst))):
+                self.assertTrue(torch.equal(swa.get_data_page(p).view(torch.uint8),
+                                            swa.get_data_page(q).view(torch.uint8)), "window page %d differs" % i)
         finally:
             be.close()
 
