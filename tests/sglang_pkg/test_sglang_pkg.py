@@ -119,21 +119,30 @@ def mla_pool(layout, allocator):
                                 end_layer=LAYERS, target_layer_num=LAYERS)
 
 
-def storage_config(srv, pool, allocator, mla=False, **extra):
+def storage_config(run, pool, allocator, mla=False, tp=(0, 1), **extra):
+    """SGLang's storage config for the server at broker dir run; tp is
+    (tp_rank, tp_size); extra goes into the extra config."""
     cfg = {"backend_name": "kvside", "module_path": "kvside.sglang", "class_name": "KvsideStorage",
-           "interface_v1": 1, "allocator": allocator, "broker_dir": srv.run}
+           "interface_v1": 1, "allocator": allocator, "broker_dir": run}
     cfg.update(extra)
-    return hs.HiCacheStorageConfig(tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
+    return hs.HiCacheStorageConfig(tp_rank=tp[0], tp_size=tp[1], pp_rank=0, pp_size=1, attn_cp_rank=0,
+                                   attn_cp_size=1,
                                    is_mla_model=mla, enable_storage_metrics=False,
                                    is_page_first_layout=pool.layout != "layer_first", model_name="kvt-model",
                                    extra_config=cfg)
 
 
-def attach(srv, pool, allocator, mla=False, **extra):
-    """What HiCacheController.attach_storage_backend does: the factory, then
-    the pool, then the end of the registration burst."""
-    be = StorageBackendFactory.create_backend("dynamic", storage_config(srv, pool, allocator, mla, **extra), pool)
+def attach(run, pool, allocator, mla=False, tp=(0, 1), side=None, **extra):
+    """What SGLang's controllers do at attach: the factory, the anchor pool,
+    for a hybrid model (side: {PoolName: host pool}) every pool of the group
+    again through v2 (the anchor as KV), then the end of the registration
+    burst."""
+    be = StorageBackendFactory.create_backend("dynamic", storage_config(run, pool, allocator, mla, tp, **extra), pool)
     be.register_mem_pool_host(pool)
+    if side:
+        be.register_mem_host_pool_v2(pool, hs.PoolName.KV)
+        for name, host_pool in side.items():
+            be.register_mem_host_pool_v2(host_pool, name)
     be.on_host_pools_registered()
     return be
 
@@ -149,6 +158,16 @@ def pages(pool, indices):
     return [int(i) for i in indices[::pool.page_size]]
 
 
+def page_bytes(pool, index):
+    return pool.get_data_page(index).view(torch.uint8)
+
+
+def differing_pages(pool, src, dst):
+    """Positions i where page i of host indices src and of dst differ."""
+    return [i for i, (p, q) in enumerate(zip(pages(pool, src), pages(pool, dst)))
+            if not torch.equal(page_bytes(pool, p), page_bytes(pool, q))]
+
+
 def tp_rank_main(rank, world, run, init_file, layout, out):
     """One TP rank of a TP 2 SGLang instance: torch.distributed (gloo) as
     SGLang initialises it before the hierarchical cache, its own host pool
@@ -158,18 +177,9 @@ def tp_rank_main(rank, world, run, init_file, layout, out):
     res = {}
     try:
         dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank, world_size=world)
-
-        class _Srv:  # what storage_config reads of a server
-            pass
-        srv = _Srv()
-        srv.run = run
         pool = mha_pool(layout, "shm")
         fill_random(pool, 100 + rank)
-        cfg = storage_config(srv, pool, "shm")
-        cfg.tp_rank, cfg.tp_size = rank, world
-        be = StorageBackendFactory.create_backend("dynamic", cfg, pool)
-        be.register_mem_pool_host(pool)
-        be.on_host_pools_registered()
+        be = attach(run, pool, "shm", tp=(rank, world))
         src, dst = pool.alloc(2 * PAGE), pool.alloc(2 * PAGE)
         keys = ["tp-page-0", "tp-page-1"]
         if rank == 0:
@@ -179,10 +189,8 @@ def tp_rank_main(rank, world, run, init_file, layout, out):
         res["lone_exists"] = be.batch_exists(["tp-lone"])
         res["set"] = be.batch_set_v1(keys, src)
         res["exists"] = be.batch_exists(keys + ["tp-unknown"])
-        want = [pool.get_data_page(p).clone() for p in pages(pool, src)]
         res["get"] = be.batch_get_v1(keys, dst)
-        res["exact"] = all(torch.equal(w.view(torch.uint8), pool.get_data_page(p).view(torch.uint8))
-                           for w, p in zip(want, pages(pool, dst)))
+        res["exact"] = not differing_pages(pool, src, dst)
         be.close()
         dist.barrier()
         dist.destroy_process_group()
@@ -206,7 +214,7 @@ class PkgTest(unittest.TestCase):
         self.servers.append(s)
         return s
 
-    def roundtrip(self, srv, pool, allocator, be, tag):
+    def roundtrip(self, pool, be, tag):
         """set 3 pages, exists, get them into 3 other pages: byte-exact, every
         other page untouched; an unknown fourth key is a miss."""
         extra = hs.HiCacheStorageExtraInfo()
@@ -218,33 +226,18 @@ class PkgTest(unittest.TestCase):
         self.assertEqual(be.batch_set_v1(keys, src, extra), [True] * 3)
         self.assertEqual(be.batch_exists(keys + ["%s-unknown" % tag], extra), 3)
         self.assertEqual(be.batch_exists(["%s-unknown" % tag] + keys, extra), 0)
-        want = [pool.get_data_page(p).clone() for p in pages(pool, src)]
         # the destination pages hold other bytes before the get
         for p in pages(pool, dst):
             pool.get_data_page(p, flat=False).view(torch.uint8).fill_(0xEE)
-        before = pool.kv_buffer.clone()
+        others = [p for p in range(0, pool.size, PAGE) if p not in pages(pool, dst)]
+        before = {p: page_bytes(pool, p).clone() for p in others}
         self.assertEqual(be.batch_get_v1(keys, dst, extra), [True] * 3)
-        got = [pool.get_data_page(p) for p in pages(pool, dst)]
-        for i, (w, g) in enumerate(zip(want, got)):
-            self.assertTrue(torch.equal(w.view(torch.uint8), g.view(torch.uint8)), "%s page %d differs" % (tag, i))
-        # every page but the destinations is as before the get
-        n_pages = pool.size // PAGE
-        for p in range(n_pages):
-            if p * PAGE in pages(pool, dst):
-                continue
-            self.assertTrue(torch.equal(pool.get_data_page(p * PAGE).view(torch.uint8),
-                                        self._page_of(pool, before, p * PAGE).view(torch.uint8)),
-                            "%s: page %d changed by a get into other pages" % (tag, p))
+        # every page but the destinations (the sources too) is as before the get
+        for p in others:
+            self.assertTrue(torch.equal(page_bytes(pool, p), before[p]),
+                            "%s: page %d changed by a get into other pages" % (tag, p // PAGE))
+        self.assertEqual(differing_pages(pool, src, dst), [], "%s: pages differ after the get" % tag)
         return keys, src, dst
-
-    @staticmethod
-    def _page_of(pool, buf, index):
-        saved = pool.kv_buffer
-        pool.kv_buffer = buf
-        try:
-            return pool.get_data_page(index)
-        finally:
-            pool.kv_buffer = saved
 
     def test_mha_layouts_and_allocators(self):
         srv = self.server()
@@ -253,9 +246,9 @@ class PkgTest(unittest.TestCase):
                 with self.subTest(layout=layout, allocator=allocator):
                     pool = mha_pool(layout, allocator)
                     fill_random(pool, hash((layout, allocator)) & 0xFFFF)
-                    be = attach(srv, pool, allocator)
+                    be = attach(srv.run, pool, allocator)
                     try:
-                        self.roundtrip(srv, pool, allocator, be, "%s-%s" % (layout, allocator))
+                        self.roundtrip(pool, be, "%s-%s" % (layout, allocator))
                     finally:
                         be.close()
 
@@ -265,9 +258,9 @@ class PkgTest(unittest.TestCase):
             with self.subTest(allocator=allocator):
                 pool = mla_pool("page_first", allocator)
                 fill_random(pool, 7)
-                be = attach(srv, pool, allocator, mla=True)
+                be = attach(srv.run, pool, allocator, mla=True)
                 try:
-                    self.roundtrip(srv, pool, allocator, be, "mla-%s" % allocator)
+                    self.roundtrip(pool, be, "mla-%s" % allocator)
                 finally:
                     be.close()
 
@@ -275,10 +268,9 @@ class PkgTest(unittest.TestCase):
         srv = self.server(l2=True, l2_sync="full")
         pool = mha_pool("page_first", "shm")
         fill_random(pool, 11)
-        be = attach(srv, pool, "shm")
+        be = attach(srv.run, pool, "shm")
         try:
-            keys, src, dst = self.roundtrip(srv, pool, "shm", be, "l2")
-            want = [pool.get_data_page(p).clone() for p in pages(pool, src)]
+            keys, src, dst = self.roundtrip(pool, be, "l2")
             srv.stop()
             srv.start()
             for p in pages(pool, dst):
@@ -288,9 +280,7 @@ class PkgTest(unittest.TestCase):
                 time.sleep(0.1)
             self.assertEqual(be.batch_exists(keys), 3, "pages not found in L2 after the restart")
             self.assertEqual(be.batch_get_v1(keys, dst), [True] * 3)
-            for i, (w, p) in enumerate(zip(want, pages(pool, dst))):
-                self.assertTrue(torch.equal(w.view(torch.uint8), pool.get_data_page(p).view(torch.uint8)),
-                                "page %d differs after the restart" % i)
+            self.assertEqual(differing_pages(pool, src, dst), [], "pages differ after the restart")
         finally:
             be.close()
 
@@ -303,10 +293,10 @@ class PkgTest(unittest.TestCase):
         srv = self.server(extra=("--job-deadline-ms", "3000"))
         pool = mha_pool("layer_first", "shm")
         fill_random(pool, 13)
-        be = attach(srv, pool, "shm", timeout_ms=2000, lookup_timeout_ms=500, load_timeout_ms=2000,
+        be = attach(srv.run, pool, "shm", timeout_ms=2000, lookup_timeout_ms=500, load_timeout_ms=2000,
                     store_wait_ms=4000)
         try:
-            keys, src, dst = self.roundtrip(srv, pool, "shm", be, "kill")
+            keys, src, dst = self.roundtrip(pool, be, "kill")
             srv.kill()
             t0 = time.monotonic()
             self.assertEqual(be.batch_exists(keys), 0)
@@ -365,12 +355,8 @@ class PkgTest(unittest.TestCase):
         mp.temporal_buffer.normal_()
         for c in mp.conv_buffer:
             c.normal_()
-        be = StorageBackendFactory.create_backend("dynamic", storage_config(srv, pool, "shm"), pool)
+        be = attach(srv.run, pool, "shm", side={hs.PoolName.MAMBA: mp})
         try:
-            be.register_mem_pool_host(pool)
-            be.register_mem_host_pool_v2(pool, hs.PoolName.KV)
-            be.register_mem_host_pool_v2(mp, hs.PoolName.MAMBA)
-            be.on_host_pools_registered()
             keys = ["hy-0", "hy-1", "hy-2"]
             kv_src, slot = pool.alloc(3 * PAGE), mp.alloc(1)
             trailing = hs.PoolHitPolicy.TRAILING_PAGES
@@ -394,9 +380,7 @@ class PkgTest(unittest.TestCase):
             self.assertTrue(torch.equal(mp.temporal_buffer[a], mp.temporal_buffer[b]), "temporal state differs")
             for c in mp.conv_buffer:
                 self.assertTrue(torch.equal(c[a].view(torch.uint8), c[b].view(torch.uint8)), "conv state differs")
-            for i, (p, q) in enumerate(zip(pages(pool, kv_src), pages(pool, kv_dst))):
-                self.assertTrue(torch.equal(pool.get_data_page(p).view(torch.uint8),
-                                            pool.get_data_page(q).view(torch.uint8)), "KV page %d differs" % i)
+            self.assertEqual(differing_pages(pool, kv_src, kv_dst), [], "KV pages differ")
         finally:
             be.close()
 
@@ -409,12 +393,8 @@ class PkgTest(unittest.TestCase):
         pool, swa = mha_pool("page_first", "shm"), mha_pool("page_first", "shm")
         fill_random(pool, 19)
         fill_random(swa, 23)
-        be = StorageBackendFactory.create_backend("dynamic", storage_config(srv, pool, "shm"), pool)
+        be = attach(srv.run, pool, "shm", side={hs.PoolName.SWA: swa})
         try:
-            be.register_mem_pool_host(pool)
-            be.register_mem_host_pool_v2(pool, hs.PoolName.KV)
-            be.register_mem_host_pool_v2(swa, hs.PoolName.SWA)
-            be.on_host_pools_registered()
             trailing = hs.PoolHitPolicy.TRAILING_PAGES
             keys = ["sw-%d" % i for i in range(4)]
             kv_src, win_src = pool.alloc(4 * PAGE), swa.alloc(2 * PAGE)
@@ -429,25 +409,23 @@ class PkgTest(unittest.TestCase):
             win_dst = swa.alloc(2 * PAGE)
             get_t = hs.PoolTransfer(name=hs.PoolName.SWA, host_indices=win_dst, keys=keys[-2:], hit_policy=trailing)
             self.assertEqual(list(be.batch_get_v2([get_t]).values()), [[True, True]])
-            for i, (p, q) in enumerate(zip(pages(swa, win_src), pages(swa, win_dst))):
-                self.assertTrue(torch.equal(swa.get_data_page(p).view(torch.uint8),
-                                            swa.get_data_page(q).view(torch.uint8)), "window page %d differs" % i)
+            self.assertEqual(differing_pages(swa, win_src, win_dst), [], "window pages differ")
         finally:
             be.close()
 
     def test_refusals(self):
         srv = self.server()
         pool = mha_pool("layer_first", "default")
-        cfg = storage_config(srv, pool, "default")
+        cfg = storage_config(srv.run, pool, "default")
         cfg.extra_config = dict(cfg.extra_config, no_such_key=1)
         with self.assertRaisesRegex(ValueError, "no_such_key"):
             StorageBackendFactory.create_backend("dynamic", cfg, pool)
-        cfg = storage_config(srv, pool, "default")
+        cfg = storage_config(srv.run, pool, "default")
         del cfg.extra_config["interface_v1"]
         with self.assertRaisesRegex(ValueError, "interface_v1"):
             StorageBackendFactory.create_backend("dynamic", cfg, pool)
         # a pool whose buffer is private anonymous memory: refused, naming why
-        be = StorageBackendFactory.create_backend("dynamic", storage_config(srv, pool, "default"), pool)
+        be = StorageBackendFactory.create_backend("dynamic", storage_config(srv.run, pool, "default"), pool)
         try:
             pool.kv_buffer = torch.zeros_like(pool.kv_buffer)
             with self.assertRaisesRegex(Exception, "anonymous|memfd|allocator"):
