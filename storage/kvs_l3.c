@@ -21,6 +21,12 @@
 #define MAX_KEY (MAX_PREFIX + 64 + 12)
 #define RETRY_MS 1000
 #define KNOWN_MAX (1u << 18) /* remembered objects: 256 K, the oldest forgotten first */
+/* A known object whose reads keep failing for reasons other than its
+ * absence (its node down, a time-out, a cluster error) is forgotten when
+ * they have failed for this long: longer than a Redis Cluster failover
+ * (cluster-node-timeout, 15 s by default, plus the election), so that a
+ * failover never makes this server forget what the promoted replica holds. */
+#define SUSPECT_FORGET_MS 60000
 #define SEEN_BITS 16  /* second-hit admission: first uses remembered */
 
 enum { W_PROBE, W_READ, W_WRITE, N_WORKERS };
@@ -67,6 +73,7 @@ typedef struct worker {
 typedef struct known_ent {
 	kvs_objkey key; /* table key */
 	uint64_t geom, len;
+	uint64_t failing_since_ms; /* its first read failure (not an absence) since it was last confirmed; 0: none */
 	bool used;
 } known_ent;
 
@@ -175,6 +182,7 @@ static void know(kvs_l3 *l3, const kvs_objkey *key, uint64_t geom, uint64_t len)
 	}
 	e->geom = geom;
 	e->len = len;
+	e->failing_since_ms = 0;
 }
 
 static void forget(kvs_l3 *l3, const kvs_objkey *key)
@@ -182,6 +190,22 @@ static void forget(kvs_l3 *l3, const kvs_objkey *key)
 	known_ent *e = kvs_htab_del(l3->known, key);
 	if (e)
 		e->used = false;
+}
+
+/* A read of key failed. Absent or refused (KVS_E_MISS): forgotten. Any
+ * other failure (the node down or failing over, a time-out, a cluster
+ * error) says nothing of the record: kept, unless reads have failed for
+ * SUSPECT_FORGET_MS (issue 33 #2). */
+static void read_failed(kvs_l3 *l3, const kvs_objkey *key, int result)
+{
+	known_ent *e = kvs_htab_get(l3->known, key);
+	if (!e)
+		return;
+	uint64_t now = kvs_now_ms();
+	if (result != KVS_E_MISS && !e->failing_since_ms)
+		e->failing_since_ms = now ? now : 1;
+	else if (result == KVS_E_MISS || now - e->failing_since_ms >= SUSPECT_FORGET_MS)
+		forget(l3, key);
 }
 
 bool kvs_l3_known(kvs_l3 *l3, const kvs_objkey *key, uint64_t geom, uint64_t len)
@@ -228,8 +252,10 @@ static void l3_ready(kvs_cq_item *ci)
 			d.present = it->present;
 		} else if (it->op == KVS_L3_WRITE && it->result == 0) {
 			know(l3, &it->key, it->geom, it->len);
-		} else if (it->op == KVS_L3_READ && it->result != 0) {
-			forget(l3, &it->key);
+		} else if (it->op == KVS_L3_READ && it->result == 0) {
+			know(l3, &it->key, it->geom, it->len);
+		} else if (it->op == KVS_L3_READ) {
+			read_failed(l3, &it->key, it->result);
 		}
 		if (l3->cfg.on_done)
 			l3->cfg.on_done(l3->cfg.done_arg, &d);

@@ -101,9 +101,12 @@ int kvs_l3_write_in(kvs_l3 *l3, const kvs_objkey *key, uint64_t geom, const void
  * their cookies go to cookies[], with no completion. Returns how many. */
 uint32_t kvs_l3_shed(kvs_l3 *l3, uint64_t bytes, void **cookies, uint32_t cap);
 
-/* Owner-thread memory of what the store holds, learned from probes and this
- * server's own writes (bounded; forgotten on a failed read): does the store
- * hold key with this geometry and length, as far as known? */
+/* Owner-thread memory of what the store holds, learned from probes, reads
+ * and this server's own writes (bounded): does the store hold key with this
+ * geometry and length, as far as known? A read that finds the record absent
+ * or unusable forgets it; a read that fails otherwise (its node down or
+ * failing over, a time-out) does not, unless the object's reads have failed
+ * so for a minute — longer than a cluster failover. */
 bool kvs_l3_known(kvs_l3 *l3, const kvs_objkey *key, uint64_t geom, uint64_t len);
 /* The write policy's verdict for a use of key (a store's commit or a lookup
  * hit): write it behind now? all: yes; none: no; second-hit: yes at its

@@ -10,7 +10,14 @@ from L3 (fresh prompts hit "l3" and are retrieved byte-exact).
 
 Misses are allowed while the cluster changes (a lookup answers from L1/L2
 when L3 is slow or down; a write behind to a dead master fails); wrong bytes
-never are."""
+never are.
+
+PrestoredFailoverTest (issue 33 #2), on a cluster of its own: chunks stored
+and seen as L3 hits on server 2 before a master is SIGKILLed, replicas caught
+up, are all retrieved byte-exact from server 2 within 5 s of the cluster
+reporting the new topology, by retrieves alone (no new lookup: a read that
+failed during the failover must not make the server forget what the
+promoted replica holds), and then looked up as L3 hits."""
 
 import subprocess
 import threading
@@ -267,6 +274,122 @@ class FailoverTest(unittest.TestCase):
                                             "l3_nodes_down", "l3_refreshes")}))
         self.assertEqual(bad, [], "not served from L3 after the failover")
         self.assertGreater(tr.served, 0)
+
+
+class PrestoredFailoverTest(unittest.TestCase):
+    CHUNKS = 24
+    SERVE_BOUND_S = 5.0         # after the cluster reports the new topology
+
+    @classmethod
+    def setUpClass(cls):
+        l3lib.skip_unless_ready()
+        cls.rc = l3lib.start_cluster()
+        cls.s1 = l3_server(cls.rc.seeds, l1_size="256M", prefix="kvt-l3c-")
+        cls.s2 = l3_server(cls.rc.seeds, l1_size="256M", prefix="kvt-l3d-")
+        cls.s1.start()
+        cls.s2.start()
+        cls.a = Rank(cls.s1, "eng-a", LAYERS, 64, BLOCK, timeout_ms=CLIENT_MS)
+        cls.b = Rank(cls.s2, "eng-b", LAYERS, 64, BLOCK, timeout_ms=CLIENT_MS)
+
+    @classmethod
+    def tearDownClass(cls):
+        l3lib.teardown(cls, ranks=("a", "b"))
+
+    def replicas_caught_up(self, timeout=10):
+        """Every replica's offset equals its master's (WAIT counts only the
+        writes of the connection that sends it, not the servers')."""
+        t_end = time.monotonic() + timeout
+        while time.monotonic() < t_end:
+            lag = []
+            for m in self.rc.masters_now():
+                info = dict(x.split(":", 1) for x in self.rc.call(m, "INFO", "replication").decode().splitlines()
+                            if ":" in x)
+                off = int(info["master_repl_offset"])
+                for k, v in info.items():
+                    if k.startswith("slave") and k[5:].isdigit():
+                        f = dict(x.split("=", 1) for x in v.split(","))
+                        if int(f["offset"]) != off:
+                            lag.append((m, f["port"], off - int(f["offset"])))
+                if not any(k.startswith("slave") and k[5:].isdigit() for k in info):
+                    lag.append((m, "no replica", 0))
+            if not lag:
+                return
+            time.sleep(0.1)
+        self.fail("replicas not caught up: %s" % lag)
+
+    def test_prestored_chunks_served_after_failover(self):
+        prompts = list(range(100, 100 + self.CHUNKS))   # one chunk each
+        st = self.s1.stats()
+        for p in prompts:
+            r = self.a.store(p * 10 + 1, prompt_keys(p, 1), 0)
+            self.assertTrue(r["ok"], r)
+        w = l3lib.wait_written(self.s1, st.get("l3_writes", 0) + len(prompts))
+        self.assertEqual(delta(w, st, "l3_write_errors") + delta(w, st, "l3_write_drops"), 0)
+        # seen by server 2 as L3 hits (learned), never retrieved there before the kill
+        with scheduler(self.s2, CLIENT_MS) as sc:
+            for p in prompts:
+                t_end = time.monotonic() + 5
+                while sc.lookup(prompt_keys(p, 1)).tiers != ["l3"] and time.monotonic() < t_end:
+                    time.sleep(0.05)
+                self.assertEqual(sc.lookup(prompt_keys(p, 1)).tiers, ["l3"], "prompt %d before the kill" % p)
+        self.replicas_caught_up()
+        smap = self.rc.slot_map()
+
+        def owner(p):
+            slot = self.rc.call(self.rc.alive()[0], "CLUSTER", "KEYSLOT",
+                                l3lib.redis_key(l3lib.objkey(prompt_keys(p, 1)[0])))
+            return next(m for a, b, m, _ in smap if a <= slot <= b)
+        per = {}
+        for p in prompts:
+            per.setdefault(owner(p), []).append(p)
+        victim = max(per, key=lambda m: len(per[m]))
+        on_victim = per[victim]
+        st2 = self.s2.stats()
+        self.rc.kill(victim)
+        t_kill = time.monotonic()
+        # retrieves of the victim's chunks during the failover (they fail:
+        # the master is gone), until the cluster reports the new topology
+        job, t_ok = 1000, None
+        while time.monotonic() - t_kill < 30 and t_ok is None:
+            for p in on_victim:
+                job += 1
+                r = self.b.retrieve(job, prompt_keys(p, 1), 0, timeout_ms=2000)
+                if not r["ok"]:
+                    self.assertTrue(r["untouched"], r)
+            if self.rc.wait_serving(0.05):
+                t_ok = time.monotonic()
+            time.sleep(0.1)
+        self.assertIsNotNone(t_ok, "no failover within 30 s")
+        mid = self.s2.stats()
+        self.assertGreater(delta(mid, st2, "l3_read_errors"), 0, "no read met the failover: the test proves nothing")
+        # the records are on the promoted replica (else the loss is Redis's, not kvside's)
+        absent = [p for p in on_victim if not self.rc.route(
+            "EXISTS", l3lib.redis_key(l3lib.objkey(prompt_keys(p, 1)[0])))]
+        self.assertEqual(absent, [], "records missing on the new master")
+        # every chunk served again by retrieves alone within the bound
+        pending, served_at = list(prompts), {}
+        while pending and time.monotonic() - t_ok < self.SERVE_BOUND_S + 2:
+            for p in list(pending):
+                job += 1
+                r = self.b.retrieve(job, prompt_keys(p, 1), 0, timeout_ms=2000)
+                if r["ok"]:
+                    self.assertEqual(r["wrong_bytes"], 0)
+                    served_at[p] = time.monotonic() - t_ok
+                    pending.remove(p)
+            time.sleep(0.1)
+        late = {p: round(t, 2) for p, t in served_at.items() if t > self.SERVE_BOUND_S}
+        a2 = self.s2.stats()
+        print("prestored failover: master %d killed, %d of %d chunks on it, cluster ok %.1f s after the kill; "
+              "never served %s, served later than %.0f s %s, last served %.2f s after ok; server 2 %s" % (
+                  victim, len(on_victim), len(prompts), t_ok - t_kill, pending, self.SERVE_BOUND_S, late,
+                  max(served_at.values() or [0]),
+                  {k: delta(a2, st2, k) for k in ("l3_read_errors", "l3_read_misses", "l3_refreshes",
+                                                  "l3_nodes_down", "l3_probe_hits")}))
+        self.assertEqual(pending, [], "chunks stored before the kill never served again by retrieves")
+        self.assertEqual(late, {}, "chunks served later than the bound")
+        with scheduler(self.s2, CLIENT_MS) as sc:
+            for p in prompts:
+                self.assertEqual(sc.lookup(prompt_keys(p, 1)).hits, 1, "prompt %d after the failover" % p)
 
 
 def _slot_map_owner(self, slot):
