@@ -68,6 +68,8 @@ static const kvs_config_key keys[] = {
 	{"l2-sync", KVS_CFG_SYNC, F(l2_sync), 0, 0, 0, "MODE",
 	 "full: fsync every group commit; nometa: power loss may lose the last commit; none: "
 	 "process crashes lose nothing committed, power loss may lose recent commits"},
+	{"l2-verify", KVS_CFG_BOOL, F(l2_verify), 0, 0, 0, "BOOL",
+	 "walk data.mdb's structure at start, before LMDB maps it; a damaged file is set aside (off: trust the file)"},
 	{"l3-redis", KVS_CFG_STR, STRF(l3_redis), 0, 0, "HOST:PORT[,...]",
 	 "seed nodes of the Redis Cluster holding the shared L3 tier (\"\": no L3)"},
 	{"l3-user", KVS_CFG_STR, STRF(l3_user), 0, 0, "USER", "ACL user for the L3 cluster (\"\": the password alone)"},

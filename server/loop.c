@@ -78,6 +78,7 @@ void kvs_server_config_defaults(kvs_server_config *cfg)
 	cfg->l2_size = 16ull << 30;
 	cfg->l1_prefault = true;
 	cfg->l2_sync = 0; /* KVS_L2_SYNC_FULL */
+	cfg->l2_verify = true;
 	snprintf(cfg->l3_prefix, sizeof(cfg->l3_prefix), "kvside:");
 	cfg->l3_part_bytes = 8ull << 20;
 	cfg->l3_timeout_ms = 200;
@@ -333,6 +334,7 @@ static int modules_init(kvs_server *srv)
 		l2c.path = srv->cfg.l2_path;
 		l2c.size = srv->cfg.l2_size;
 		l2c.sync = srv->cfg.l2_sync;
+		l2c.verify = srv->cfg.l2_verify;
 		/* pending writes pin their L1 objects: keep those pins well below
 		 * L1 so write-behind can never crowd out stores (issue 16 #6) */
 		if (l2c.queue_max_bytes > srv->cfg.l1_size / 4)

@@ -212,6 +212,8 @@ static const family families[] = {
 	 {{"l2_disk_full", ""}}},
 	{"l2_corrupt_recoveries_total", "counter", "Corrupt L2 files moved aside at start (L2 started empty).", 0,
 	 {{"l2_corrupt_recoveries", ""}}},
+	{"l2_verify_seconds", "gauge", "How long this start's structural check of data.mdb took.", 1e-6,
+	 {{"l2_verify_us", ""}}},
 	{"l3_enabled", "gauge", "1 if the shared L3 tier is configured.", 0, {{"l3_enabled", ""}}},
 	{"l3_connected", "gauge", "L3 worker connections open (3 when the cluster is reachable).", 0,
 	 {{"l3_connected", ""}}},

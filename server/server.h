@@ -49,6 +49,7 @@ typedef struct kvs_server_config {
 	char l2_path[256];      /* LMDB environment directory; "" = no L2 tier */
 	uint64_t l2_size;       /* LMDB map size */
 	int l2_sync;            /* enum kvs_l2_sync */
+	bool l2_verify;         /* walk data.mdb's structure at start (kvs_l2_verify.h) */
 	char l3_redis[512];     /* Redis Cluster seeds of the L3 tier; "" = no L3 */
 	char l3_user[128];
 	char l3_password[256];

@@ -191,6 +191,8 @@ uint32_t kvs__stats_collect(kvs_server *srv, kvs_counter *c, char (*names)[32])
 	C("l2_map_full_retries", l2.map_full_retries);
 	C("l2_disk_full", l2.disk_full);
 	C("l2_corrupt_recoveries", l2.corrupt_recoveries);
+	C("l2_verify_us", l2.verify_us);
+	C("l2_verify_bytes", l2.verify_bytes);
 	n = l3_collect(srv, &ls, &ps, c, n);
 	C("broker_accepted", srv->st.broker_accepted);
 	C("broker_rejected", srv->st.broker_rejected);

@@ -54,6 +54,7 @@ void kvs_l2_config_defaults(kvs_l2_config *cfg)
 	cfg->batch_ms = 2;
 	cfg->readers = 4;
 	cfg->efd = -1;
+	cfg->verify = true;
 }
 
 static void list_push(l2_list *l, l2_item *it)
@@ -619,13 +620,16 @@ int kvs_l2_open(const kvs_l2_config *cfg, kvs_l2 **ret)
 	/* a corrupt environment never crash-loops: set it aside when the last
 	 * run(s) died in L2 work, or when it fails to open as damaged */
 	const char *why = NULL;
-	char whybuf[200];
+	char whybuf[300];
 	kvs__l2_state_open(l2, &why, whybuf, sizeof(whybuf));
 	if (why && (rc = kvs__l2_set_aside(l2, why)) != 0)
 		goto err_free;
 	rc = kvs__l2_env_open(l2);
 	if (rc && kvs__l2_corrupt_err(rc) && !l2->st.corrupt_recoveries) {
-		snprintf(whybuf, sizeof(whybuf), "opening it failed: %s", mdb_strerror(rc));
+		if (l2->damage[0])
+			snprintf(whybuf, sizeof(whybuf), "its structure is damaged: %s", l2->damage);
+		else
+			snprintf(whybuf, sizeof(whybuf), "opening it failed: %s", mdb_strerror(rc));
 		if ((rc = kvs__l2_set_aside(l2, whybuf)) != 0)
 			goto err_free;
 		rc = kvs__l2_env_open(l2);

@@ -75,6 +75,7 @@ typedef struct kvs_l2_config {
 	void (*on_done)(void *arg, const struct kvs_l2_done *d);
 	void *done_arg;
 	bool report_evictions;   /* completions of op KVS_L2_EVICTED for every eviction */
+	bool verify;             /* walk data.mdb's structure before opening it (kvs_l2_verify.h; default on) */
 } kvs_l2_config;
 
 void kvs_l2_config_defaults(kvs_l2_config *cfg);
@@ -157,6 +158,7 @@ typedef struct kvs_l2_stats {
 	uint64_t evictions, map_full_retries;
 	uint64_t disk_full;                      /* allocations of data.mdb's blocks refused by the file system (ENOSPC) */
 	uint64_t corrupt_recoveries;             /* times open moved a corrupt data.mdb aside (0 or 1 per open) */
+	uint64_t verify_us, verify_bytes;        /* the open's structural check: its time, the bytes in use it covered */
 	uint64_t queue_depth, queue_bytes;
 	uint64_t writes_committed;               /* monotonic, in queue order */
 } kvs_l2_stats;

@@ -14,6 +14,7 @@
 
 #define KVS_LOG_COMPONENT "l2"
 #include "kvs_l2_impl.h"
+#include "kvs_l2_verify.h"
 
 /* runs in a row dying inside a write transaction (each after the first
  * before committing any) that make the next open set the environment aside */
@@ -311,11 +312,41 @@ out:
 	return rc;
 }
 
-/* Creates the environment handle, opens data.mdb, checks it and opens the
- * databases; on failure nothing stays open. */
+/* The structural walk of data.mdb (kvs_l2_verify.c) before LMDB maps it:
+ * MDB_CORRUPTED with the damage in l2->damage when it finds any. A file that
+ * cannot be read is left to mdb_env_open to report. */
+static int env_verify(kvs_l2 *l2)
+{
+	char file[600];
+	snprintf(file, sizeof(file), "%s/data.mdb", l2->path);
+	kvs_l2_verify_report rep;
+	int rc = kvs_l2_verify(file, &rep, l2->damage, sizeof(l2->damage));
+	if (rc == -ENOENT)
+		return 0;
+	l2->st.verify_us = rep.us;
+	l2->st.verify_bytes = rep.used_bytes;
+	if (rc == KVS_L2_VERIFY_DAMAGED)
+		return MDB_CORRUPTED;
+	if (rc < 0) {
+		kvs_warn("L2 %s: cannot check data.mdb (%s); opening it unchecked", l2->path, strerror(-rc));
+		return 0;
+	}
+	if (rep.used_bytes > (64u << 10))
+		kvs_info("L2 %s: structure intact: %llu MiB in use, %llu B-tree pages read, %llu entries, in %.1f ms",
+			 l2->path, (unsigned long long)(rep.used_bytes >> 20), (unsigned long long)rep.pages_read,
+			 (unsigned long long)rep.entries, rep.us / 1000.0);
+	return 0;
+}
+
+/* Creates the environment handle, checks data.mdb (when verify is on),
+ * opens it, checks its databases can be reached and opens them; on failure
+ * nothing stays open. */
 int kvs__l2_env_open(kvs_l2 *l2)
 {
 	int rc;
+	l2->damage[0] = 0;
+	if (l2->cfg.verify && (rc = env_verify(l2)) != 0)
+		return rc;
 	if ((rc = mdb_env_create(&l2->env)) != 0)
 		return rc;
 	mdb_env_set_maxdbs(l2->env, 4);

@@ -108,6 +108,7 @@ struct kvs_l2 {
 	atomic_int inject;  /* kvs__l2_inject */
 	kvs_ratelimit rl_commit, rl_disk, rl_bad, rl_corrupt;
 	uint32_t suspect_fails; /* writer: commits failed in a way only damage explains (kvs_l2.c) */
+	char damage[200];       /* the damage the open's structural check found ("" if none) */
 	kvs_l2_stats st; /* guarded by mu */
 };
 
