@@ -952,7 +952,9 @@ int kvs__op_job_status(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
 			kvs_job_info *o = &out[n++];
 			o->job = rq->jobs[i];
 			if (job) {
-				o->state = job->aborting ? KVS_JOB_ABORTED : KVS_JOB_OPEN;
+				/* open until terminal, aborting or not: "aborted" from
+				 * job_status means no copy of the job is in flight (§9.6) */
+				o->state = KVS_JOB_OPEN;
 				o->reason = kvs_str_c(job->aborting ? job->reason : "in progress");
 				o->ranks_done = job->ranks_done;
 			} else if (t) {
@@ -971,7 +973,7 @@ int kvs__op_job_status(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
 			if (strcmp(job->engine, s->engine) != 0)
 				continue;
 			out[n++] = (kvs_job_info){.job = job->id,
-						  .state = job->aborting ? KVS_JOB_ABORTED : KVS_JOB_OPEN,
+						  .state = KVS_JOB_OPEN,
 						  .reason = kvs_str_c(job->aborting ? job->reason : "in progress"),
 						  .ranks_done = job->ranks_done};
 		}
