@@ -32,10 +32,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "kvs_l2_verify.h"
+#include "kvs_time.h"
 
 /* LMDB 0.9 on-disk format (mdb.c) */
 #define PAGEHDRSZ 16u
@@ -399,8 +399,7 @@ int kvs_l2_verify(const char *file, kvs_l2_verify_report *rep, char *why, size_t
 	memset(rep, 0, sizeof(*rep));
 	if (why_cap)
 		why[0] = 0;
-	struct timespec t0, t1;
-	clock_gettime(CLOCK_MONOTONIC, &t0);
+	uint64_t t0 = kvs_now_ns();
 	walk w = {.rep = rep, .why = why, .why_cap = why_cap};
 	w.fd = open(file, O_RDONLY | O_CLOEXEC);
 	if (w.fd < 0)
@@ -441,7 +440,6 @@ out:
 		free(w.bufs[i]);
 	free(w.val);
 	close(w.fd);
-	clock_gettime(CLOCK_MONOTONIC, &t1);
-	rep->us = (uint64_t)(t1.tv_sec - t0.tv_sec) * 1000000u + (uint64_t)(t1.tv_nsec - t0.tv_nsec) / 1000u;
+	rep->us = (kvs_now_ns() - t0) / 1000u;
 	return rc;
 }
