@@ -154,8 +154,13 @@ static int lmdb_err(int rc) { return rc > 0 ? -rc : rc; }
  * then the data, hashed as it is copied (writer transaction). */
 static int put_object(kvs_l2 *l2, MDB_txn *txn, const l2_item *it)
 {
-	MDB_val k = {sizeof(it->key), (void *)&it->key}, v = {HDR_BYTES + it->len, NULL};
-	int rc = mdb_put(txn, l2->obj, &k, &v, MDB_RESERVE);
+	MDB_val k = {sizeof(it->key), (void *)&it->key}, v = {HDR_BYTES + it->len, NULL}, old;
+	/* an object written again: LMDB frees or reuses the old value's run by
+	 * its header, which the open's walk does not read */
+	int rc = mdb_get(txn, l2->obj, &k, &old);
+	if (rc == 0 && (rc = kvs__l2_check_overflow(l2, &old)) != 0)
+		return rc;
+	rc = mdb_put(txn, l2->obj, &k, &v, MDB_RESERVE);
 	if (rc)
 		return rc;
 	/* the space LMDB reserved must lie in the map: on a damaged free list

@@ -157,12 +157,41 @@ static void lru_key(uint8_t out[8 + sizeof(kvs_objkey)], uint64_t stamp, const k
 	memcpy(out + 8, key, sizeof(*key));
 }
 
-/* Removes an object and its stamps; returns the value bytes freed (0 if absent). */
+/* LMDB 0.9's overflow page header (mdb.c MDB_page): its own number, then
+ * flags at 10 and the run's page count at 12. */
+#define OVF_HDR 16u
+#define P_OVERFLOW_FLAG 0x04
+
+int kvs__l2_check_overflow(kvs_l2 *l2, const MDB_val *v)
+{
+	if (!l2->map_base || (uint8_t *)v->mv_data < l2->map_base + OVF_HDR)
+		return 0; /* no map known: nothing to check against */
+	uint64_t off = (uint64_t)((uint8_t *)v->mv_data - l2->map_base);
+	if (off % l2->psize != OVF_HDR)
+		return 0; /* inside a leaf page: no run of its own */
+	const uint8_t *h = (const uint8_t *)v->mv_data - OVF_HDR;
+	uint64_t pg = off / l2->psize, own, need = (OVF_HDR - 1 + v->mv_size) / l2->psize + 1;
+	uint16_t flags;
+	uint32_t count;
+	memcpy(&own, h, 8);
+	memcpy(&flags, h + 10, 2);
+	memcpy(&count, h + 12, 4);
+	if (own == pg && flags == P_OVERFLOW_FLAG && count >= need && pg + count <= l2->map_now / l2->psize)
+		return 0;
+	kvs__l2_note_error(l2, MDB_CORRUPTED, "an object's overflow run is damaged (left in place, not freed)");
+	return MDB_CORRUPTED;
+}
+
+/* Removes an object and its stamps; returns the value bytes freed (0 if
+ * absent, or if its overflow run is damaged: then it stays, and the file is
+ * set aside at the next start). */
 uint64_t kvs__l2_del_object(kvs_l2 *l2, MDB_txn *txn, const kvs_objkey *key)
 {
 	MDB_val k = {sizeof(*key), (void *)key}, v;
 	uint64_t freed = 0;
 	if (mdb_get(txn, l2->obj, &k, &v) == 0) {
+		if (kvs__l2_check_overflow(l2, &v) != 0)
+			return 0;
 		freed = v.mv_size;
 		mdb_del(txn, l2->obj, &k, NULL);
 	}
@@ -245,7 +274,7 @@ int kvs__l2_evict_to(kvs_l2 *l2, MDB_txn *txn, uint64_t *bytes, uint64_t *object
 		memcpy(&key, (uint8_t *)k.mv_data + 8, sizeof(key));
 		mdb_cursor_del(cur, 0);
 		MDB_val ok = {sizeof(key), &key}, ov;
-		if (mdb_get(txn, l2->obj, &ok, &ov) == 0) {
+		if (mdb_get(txn, l2->obj, &ok, &ov) == 0 && kvs__l2_check_overflow(l2, &ov) == 0) {
 			*bytes -= ov.mv_size < *bytes ? ov.mv_size : *bytes;
 			if (*objects)
 				(*objects)--;

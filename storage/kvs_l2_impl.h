@@ -120,6 +120,12 @@ int kvs__l2_check_hdr(const MDB_val *v, const kvs_objkey *key, uint64_t geom, l2
 void kvs__l2_drop_found(kvs_l2 *l2, const kvs_objkey *key, const MDB_val *v, int why);
 uint64_t kvs__l2_meta_get(MDB_txn *txn, MDB_dbi dbi, const char *name);
 int kvs__l2_meta_put(MDB_txn *txn, MDB_dbi dbi, const char *name, uint64_t x);
+/* An object's value v (from the map): if it has an overflow run, is the
+ * run's first page what LMDB will free or reuse it by (its number, flags, a
+ * page count that holds v inside the map)? 0, or MDB_CORRUPTED (noted: the
+ * file is set aside at the next start). Writer: before a delete or an
+ * overwrite. */
+int kvs__l2_check_overflow(kvs_l2 *l2, const MDB_val *v);
 uint64_t kvs__l2_del_object(kvs_l2 *l2, MDB_txn *txn, const kvs_objkey *key);
 int kvs__l2_stamp(kvs_l2 *l2, MDB_txn *txn, const kvs_objkey *key);
 uint64_t kvs__l2_used_bytes(kvs_l2 *l2, MDB_txn *txn);
