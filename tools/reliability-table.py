@@ -28,7 +28,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOC = os.path.join(ROOT, "docs", "reliability.md")
 BEGIN = "<!-- reliability-table: begin (tools/reliability-table.py rewrites this part) -->"
 END = "<!-- reliability-table: end -->"
-ORDER = ["map_full", "enospc", "swapped_records", "btree_corruption", "kill9", "slow_peers", "tcp_auth", "ranks"]
+ORDER = ["map_full", "enospc", "swapped_records", "btree_corruption", "kill9", "slow_peers", "tcp_auth", "ranks",
+         "late_copy", "restart_scale"]
 NUMBERS = {name: i + 1 for i, name in enumerate(ORDER)}  # the scenario numbers of docs/reliability.md
 
 
