@@ -21,8 +21,10 @@ run_suite() { # build-dir label meson-test-args...
   local log; log=$(mktemp)
   meson test -C "$dir" "$@" --print-errorlogs 2>&1 | tee "$log"
   local ok fail to
-  ok=$(awk '/^Ok:/{print $2}' "$log"); fail=$(awk '/^Fail:/{print $2}' "$log")
-  to=$(awk '/^Timeout:/{print $2}' "$log")
+  # meson's summary lines only ("Fail:   1"), the last of each: a failed
+  # test's own output may hold lines that begin the same way
+  count() { awk -v k="$1" '$1 == k":" && $2 ~ /^[0-9]+$/ && NF == 2 {n = $2} END {print n}' "$log"; }
+  ok=$(count Ok); fail=$(count Fail); to=$(count Timeout)
   passed=$((passed + ${ok:-0})); failed=$((failed + ${fail:-0} + ${to:-0}))
   [ -n "$ok" ] || failed=$((failed + 1))
   echo "== $label: ${ok:-0} ok, ${fail:-0} failed, ${to:-0} timed out"
