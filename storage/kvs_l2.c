@@ -154,13 +154,8 @@ static int lmdb_err(int rc) { return rc > 0 ? -rc : rc; }
  * then the data, hashed as it is copied (writer transaction). */
 static int put_object(kvs_l2 *l2, MDB_txn *txn, const l2_item *it)
 {
-	MDB_val k = {sizeof(it->key), (void *)&it->key}, v = {HDR_BYTES + it->len, NULL}, old;
-	/* an object written again: LMDB frees or reuses the old value's run by
-	 * its header, which the open's walk does not read */
-	int rc = mdb_get(txn, l2->obj, &k, &old);
-	if (rc == 0 && (rc = kvs__l2_check_overflow(l2, &old)) != 0)
-		return rc;
-	rc = mdb_put(txn, l2->obj, &k, &v, MDB_RESERVE);
+	MDB_val k = {sizeof(it->key), (void *)&it->key}, v = {HDR_BYTES + it->len, NULL};
+	int rc = mdb_put(txn, l2->obj, &k, &v, MDB_RESERVE);
 	if (rc)
 		return rc;
 	/* the space LMDB reserved must lie in the map: on a damaged free list
@@ -254,8 +249,8 @@ static int write_batch(kvs_l2 *l2, l2_item *batch, uint32_t nb, const kvs_objkey
 		MDB_val k = {sizeof(drops[i].key), (void *)&drops[i].key}, v;
 		if (mdb_get(txn, l2->obj, &k, &v) != 0 || kvs__l2_value_fp(&v) != drops[i].fp)
 			continue;
-		uint64_t f = kvs__l2_del_object(l2, txn, &drops[i].key);
-		if (f) {
+		uint64_t f;
+		if (kvs__l2_del_object(l2, txn, &drops[i].key, &f) == 0 && f) {
 			bytes -= f < bytes ? f : bytes;
 			objects -= objects ? 1 : 0;
 		}
@@ -293,7 +288,11 @@ static int write_batch(kvs_l2 *l2, l2_item *batch, uint32_t nb, const kvs_objkey
 				goto abort;
 			continue;
 		}
-		uint64_t freed = kvs__l2_del_object(l2, txn, &it->key); /* overwrite = replace */
+		/* overwrite = replace; a run LMDB would free by a damaged header
+		 * fails the batch (kvs__l2_check_overflow) */
+		uint64_t freed;
+		if ((rc = kvs__l2_del_object(l2, txn, &it->key, &freed)) != 0)
+			goto abort;
 		if (freed) {
 			bytes -= freed < bytes ? freed : bytes;
 			objects -= objects ? 1 : 0;

@@ -12,6 +12,7 @@
 
 #define KVS_LOG_COMPONENT "l2"
 #include "kvs_l2_impl.h"
+#include "kvs_l2_verify.h"
 
 /* ---- records ------------------------------------------------------------------ */
 
@@ -157,42 +158,31 @@ static void lru_key(uint8_t out[8 + sizeof(kvs_objkey)], uint64_t stamp, const k
 	memcpy(out + 8, key, sizeof(*key));
 }
 
-/* LMDB 0.9's overflow page header (mdb.c MDB_page): its own number, then
- * flags at 10 and the run's page count at 12. */
-#define OVF_HDR 16u
-#define P_OVERFLOW_FLAG 0x04
-
 int kvs__l2_check_overflow(kvs_l2 *l2, const MDB_val *v)
 {
-	if (!l2->map_base || (uint8_t *)v->mv_data < l2->map_base + OVF_HDR)
+	if (!l2->map_base || (uint8_t *)v->mv_data < l2->map_base + KVS_L2_PAGE_HDR)
 		return 0; /* no map known: nothing to check against */
 	uint64_t off = (uint64_t)((uint8_t *)v->mv_data - l2->map_base);
-	if (off % l2->psize != OVF_HDR)
+	if (off % l2->psize != KVS_L2_PAGE_HDR)
 		return 0; /* inside a leaf page: no run of its own */
-	const uint8_t *h = (const uint8_t *)v->mv_data - OVF_HDR;
-	uint64_t pg = off / l2->psize, own, need = (OVF_HDR - 1 + v->mv_size) / l2->psize + 1;
-	uint16_t flags;
-	uint32_t count;
-	memcpy(&own, h, 8);
-	memcpy(&flags, h + 10, 2);
-	memcpy(&count, h + 12, 4);
-	if (own == pg && flags == P_OVERFLOW_FLAG && count >= need && pg + count <= l2->map_now / l2->psize)
+	if (kvs_l2_overflow_ok((const uint8_t *)v->mv_data - KVS_L2_PAGE_HDR, off / l2->psize, v->mv_size,
+			       (uint32_t)l2->psize, l2->map_now / l2->psize))
 		return 0;
 	kvs__l2_note_error(l2, MDB_CORRUPTED, "an object's overflow run is damaged (left in place, not freed)");
 	return MDB_CORRUPTED;
 }
 
-/* Removes an object and its stamps; returns the value bytes freed (0 if
- * absent, or if its overflow run is damaged: then it stays, and the file is
- * set aside at the next start). */
-uint64_t kvs__l2_del_object(kvs_l2 *l2, MDB_txn *txn, const kvs_objkey *key)
+/* Removes an object and its stamps; *freed: the value bytes freed (0 if
+ * absent). MDB_CORRUPTED if its overflow run is damaged: then it stays, and
+ * the file is set aside at the next start. */
+int kvs__l2_del_object(kvs_l2 *l2, MDB_txn *txn, const kvs_objkey *key, uint64_t *freed)
 {
 	MDB_val k = {sizeof(*key), (void *)key}, v;
-	uint64_t freed = 0;
+	*freed = 0;
 	if (mdb_get(txn, l2->obj, &k, &v) == 0) {
 		if (kvs__l2_check_overflow(l2, &v) != 0)
-			return 0;
-		freed = v.mv_size;
+			return MDB_CORRUPTED;
+		*freed = v.mv_size;
 		mdb_del(txn, l2->obj, &k, NULL);
 	}
 	if (mdb_get(txn, l2->atime, &k, &v) == 0 && v.mv_size == 8) {
@@ -204,7 +194,7 @@ uint64_t kvs__l2_del_object(kvs_l2 *l2, MDB_txn *txn, const kvs_objkey *key)
 		mdb_del(txn, l2->lru, &lv, NULL);
 		mdb_del(txn, l2->atime, &k, NULL);
 	}
-	return freed;
+	return 0;
 }
 
 int kvs__l2_stamp(kvs_l2 *l2, MDB_txn *txn, const kvs_objkey *key)

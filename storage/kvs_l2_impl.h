@@ -126,7 +126,7 @@ int kvs__l2_meta_put(MDB_txn *txn, MDB_dbi dbi, const char *name, uint64_t x);
  * file is set aside at the next start). Writer: before a delete or an
  * overwrite. */
 int kvs__l2_check_overflow(kvs_l2 *l2, const MDB_val *v);
-uint64_t kvs__l2_del_object(kvs_l2 *l2, MDB_txn *txn, const kvs_objkey *key);
+int kvs__l2_del_object(kvs_l2 *l2, MDB_txn *txn, const kvs_objkey *key, uint64_t *freed);
 int kvs__l2_stamp(kvs_l2 *l2, MDB_txn *txn, const kvs_objkey *key);
 uint64_t kvs__l2_used_bytes(kvs_l2 *l2, MDB_txn *txn);
 /* Reads the object under key into dst (len bytes), verified (header, key,

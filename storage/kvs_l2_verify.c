@@ -443,3 +443,9 @@ out:
 	rep->us = (kvs_now_ns() - t0) / 1000u;
 	return rc;
 }
+
+bool kvs_l2_overflow_ok(const uint8_t *hdr, uint64_t pgno, uint64_t dsize, uint32_t psize, uint64_t map_pages)
+{
+	uint64_t count = rd32(hdr + 12), need = (PAGEHDRSZ - 1 + dsize) / psize + 1;
+	return rd64(hdr) == pgno && rd16(hdr + 10) == P_OVERFLOW && count >= need && pgno + count <= map_pages;
+}

@@ -6,6 +6,7 @@
 #ifndef KVS_L2_VERIFY_H
 #define KVS_L2_VERIFY_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -26,5 +27,13 @@ typedef struct kvs_l2_verify_report {
  * cannot be read (-ENOMEM: no memory for the walk). rep is filled in either
  * case, as far as the walk went. */
 int kvs_l2_verify(const char *file, kvs_l2_verify_report *rep, char *why, size_t why_cap);
+
+/* The page header (KVS_L2_PAGE_HDR bytes at hdr) of an overflow run that
+ * starts at page pgno and holds a value of dsize bytes: does it say so (its
+ * own number, overflow flags, a page count that holds the value and ends
+ * within map_pages)? The walk does not read these headers (one random read
+ * per object); the L2 writer asks this before LMDB frees or reuses a run. */
+#define KVS_L2_PAGE_HDR 16u
+bool kvs_l2_overflow_ok(const uint8_t *hdr, uint64_t pgno, uint64_t dsize, uint32_t psize, uint64_t map_pages);
 
 #endif

@@ -33,6 +33,18 @@ CLIENT_MS = 5000                # the ranks' and scheduler's request time-out
 LOOKUP_BOUND, RETRIEVE_BOUND, STORE_BOUND = 1.0, 2.5, 2.5   # liveness bounds (s), not performance claims
 
 
+def two_servers(cls, prefix1, prefix2):
+    """A cluster of its own, two servers on it, rank A on server 1 and rank B on server 2."""
+    l3lib.skip_unless_ready()
+    cls.rc = l3lib.start_cluster()
+    cls.s1 = l3_server(cls.rc.seeds, l1_size="256M", prefix=prefix1)
+    cls.s2 = l3_server(cls.rc.seeds, l1_size="256M", prefix=prefix2)
+    cls.s1.start()
+    cls.s2.start()
+    cls.a = Rank(cls.s1, "eng-a", LAYERS, 64, BLOCK, timeout_ms=CLIENT_MS)
+    cls.b = Rank(cls.s2, "eng-b", LAYERS, 64, BLOCK, timeout_ms=CLIENT_MS)
+
+
 class Traffic:
     """Fresh prompts stored through s1 by A, looked up and retrieved through s2 by B."""
 
@@ -98,14 +110,7 @@ class Traffic:
 class FailoverTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        l3lib.skip_unless_ready()
-        cls.rc = l3lib.start_cluster()
-        cls.s1 = l3_server(cls.rc.seeds, l1_size="256M", prefix="kvt-l3a-")
-        cls.s2 = l3_server(cls.rc.seeds, l1_size="256M", prefix="kvt-l3b-")
-        cls.s1.start()
-        cls.s2.start()
-        cls.a = Rank(cls.s1, "eng-a", LAYERS, 64, BLOCK, timeout_ms=CLIENT_MS)
-        cls.b = Rank(cls.s2, "eng-b", LAYERS, 64, BLOCK, timeout_ms=CLIENT_MS)
+        two_servers(cls, "kvt-l3a-", "kvt-l3b-")
 
     @classmethod
     def tearDownClass(cls):
@@ -282,14 +287,7 @@ class PrestoredFailoverTest(unittest.TestCase):
 
     @classmethod
     def setUpClass(cls):
-        l3lib.skip_unless_ready()
-        cls.rc = l3lib.start_cluster()
-        cls.s1 = l3_server(cls.rc.seeds, l1_size="256M", prefix="kvt-l3c-")
-        cls.s2 = l3_server(cls.rc.seeds, l1_size="256M", prefix="kvt-l3d-")
-        cls.s1.start()
-        cls.s2.start()
-        cls.a = Rank(cls.s1, "eng-a", LAYERS, 64, BLOCK, timeout_ms=CLIENT_MS)
-        cls.b = Rank(cls.s2, "eng-b", LAYERS, 64, BLOCK, timeout_ms=CLIENT_MS)
+        two_servers(cls, "kvt-l3c-", "kvt-l3d-")
 
     @classmethod
     def tearDownClass(cls):
