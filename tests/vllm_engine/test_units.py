@@ -8,6 +8,7 @@ import inspect
 import os
 import signal
 import sys
+import time
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -227,6 +228,81 @@ class V2SavesTest(unittest.TestCase):
 
     def test_v1_store_runs_on(self):  # the control: the delay is real
         self.assertTrue(self.pending_after_save(False))
+
+
+class LateLoadTest(unittest.TestCase):
+    """A load whose retrieve gets no answer within load_timeout_ms (300 ms)
+    while the server's copies into its blocks are held 1.5 s
+    (KVS_TEST_COPY_DELAY_MS): the connector reports it failed only once the
+    job ended (protocol.md 9.7), so vLLM never recomputes into blocks the
+    server still writes. Checked by poisoning the destination blocks as soon
+    as the load is reported and re-reading them after the held copies could
+    have landed. Before the change the report came at 300 ms and the late
+    copy overwrote the poison."""
+
+    HOLD_MS = 1500
+
+    def setUp(self):
+        os.environ["KVS_TEST_COPY_DELAY_MS"] = str(self.HOLD_MS)
+        try:
+            self.srv = Server(prefix="kvt-vllm-late-", ttl_ms=8000)
+            self.srv.start()
+        finally:
+            del os.environ["KVS_TEST_COPY_DELAY_MS"]
+        self.addCleanup(self.srv.cleanup)
+        self.addCleanup(self.srv.stop)
+        cfg = ConnectorConfig.from_extra({"broker_dir": self.srv.run, "chunk_tokens": 32, "load_timeout_ms": 300})
+        kcc = config(attn(K.FullAttentionSpec))
+        self.w = WorkerSide(cfg, "vllm-late", "ns-late", 0, 1, group_infos(kcc, 32), 16,
+                            [g.kv_cache_spec for g in kcc.kv_cache_groups])
+        self.addCleanup(self.w.close)
+        self.cache = torch.zeros(16, 2, 32, 64, dtype=torch.float16)
+        self.w.register({"l0": self.cache}, {"l0": 0})
+        import array
+        self.keys = os.urandom(32) * 2
+        self.cache[3:5] = 7.0
+        self.w.wait_for_save(KvsideConnectorMetadata(stores=[JobOp("s", 11, self.keys, [array.array("q", [3, 4])])]))
+        for _ in range(200):  # the held store ends (job_done) within ~2 holds
+            if not self.w.pending_work():
+                break
+            time.sleep(0.05)
+        self.assertFalse(self.w.pending_work(), "the store did not end")
+        self.load = JobOp("r", 12, self.keys, [array.array("q", [8, 9])])
+
+    def poisoned_after(self):
+        """Poisons the destinations at once, waits past the held copies, and
+        returns whether the poison is still all there."""
+        self.cache[8:10] = -1.0
+        time.sleep(2 * self.HOLD_MS / 1000.0)
+        return bool((self.cache[8:10] == -1.0).all())
+
+    def test_sync_load_waits_for_the_job_end(self):
+        self.load.sync = True
+        self.w.start_load_kv(KvsideConnectorMetadata(loads=[self.load]))
+        self.assertEqual(self.w.get_block_ids_with_load_errors(), {8, 9}, "reported for recompute")
+        self.assertTrue(self.poisoned_after(), "the server wrote the blocks after the load was reported")
+        self.assertEqual(self.w.stats["load_errors"], 1)
+
+    def test_async_load_is_reported_after_the_job_end(self):
+        self.w.start_load_kv(KvsideConnectorMetadata(loads=[self.load]))
+        got = set()
+        for _ in range(400):  # the engine's steps
+            _, got, _ = self.w.get_finished(None, ())
+            if got:
+                break
+            time.sleep(0.025)
+        self.assertEqual(got, {"r"})
+        self.assertEqual(self.w.get_block_ids_with_load_errors(), {8, 9})
+        self.assertTrue(self.poisoned_after(), "the server wrote the blocks after the load was reported")
+        self.assertFalse(self.w.pending_work())
+
+    def test_control_the_copy_lands_late(self):
+        # without the connector's wait the held copy lands after 300 ms:
+        # the poison is overwritten (else the cases above prove nothing)
+        p = self.w.client.retrieve_async(self.load.job, self.load.keys, self.load.blocks, timeout_ms=300)
+        self.w.client.complete_async(self.load.job, True, timeout_ms=300)
+        p.wait(5)
+        self.assertFalse(self.poisoned_after(), "the held copy did not land after the local time-out")
 
 
 if __name__ == "__main__":

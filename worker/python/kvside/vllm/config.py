@@ -22,7 +22,8 @@ class ConnectorConfig:
     reconnect_ms: int = 5000        # scheduler: how long to answer "no hit" before retrying to connect
     lookup_timeout_ms: int = 2000   # one lookup (a late answer counts as no hit)
     lookup_wait_ms: int = 1         # longest the EngineCore loop waits for a lookup (then: asked again)
-    load_timeout_ms: int = 30000    # one load; past it the blocks are reported as load errors
+    load_timeout_ms: int = 30000    # one load; past it failed, reported once its job ended (docs/vllm.md)
+    late_load_gone_ms: int = 5000   # a load past its time-out: the server answering nothing this long is gone
     save_wait_ms: int = 60000       # longest wait for a save whose blocks are about to be reused
     pin_ms: int = 10000             # a lookup's hit stays pinned in L1 this long (until its load)
     store: str = "eager"            # eager | finished | none

@@ -21,6 +21,14 @@ Ownership and invariants:
   hook, every store ends in the wait_for_save that issues it.
 - ``_loads[req]`` is an asynchronous load not yet reported; it is reported
   once in finished_recving, with its blocks in the load errors if it failed.
+- ``_late[job]`` is a load whose retrieve got no answer from the server (its
+  request timed out, or the session was replaced): the server may still be
+  copying into its blocks (protocol.md 9.7), so it is reported (as failed)
+  only once the job ended: its job_done, or job_status answering a terminal
+  state or "unknown" (a restarted server), or the server answering no
+  job_status for late_load_gone_ms (taken as killed: its copies died with
+  it). A synchronous load waits for that inside start_load_kv; an
+  asynchronous one stays out of finished_recving until then.
 """
 
 import logging
@@ -44,6 +52,24 @@ class _Store:
         self.event = None  # the CUDA event the server waits on, alive until the store ends
 
 
+# a load that ended with one of these may not have heard from the server: its
+# copies may still be running (an answer with E_TIMEOUT costs one job_status)
+_NO_ANSWER = tuple(getattr(kvside, n) for n in ("E_TIMEOUT", "E_SESSION"))
+
+# how often a late load asks job_status (a lost job_done push), and how long
+# that call may hold the engine's loop
+_LATE_POLL_S, _LATE_ASK_MS = 1.0, 100
+
+
+class _Late:
+    __slots__ = ("rid", "dst", "pending", "since", "next_ask", "heard", "ended")
+
+    def __init__(self, rid, dst, pending):
+        self.rid, self.dst, self.pending = rid, dst, pending
+        self.since = self.next_ask = self.heard = time.monotonic()  # heard: the server's last answer
+        self.ended = False
+
+
 class WorkerSide:
     def __init__(self, cfg, engine, namespace, rank, world, groups, num_blocks, specs, saves_end_in_step=False):
         self.cfg, self.engine, self.ns = cfg, engine, namespace
@@ -61,6 +87,7 @@ class WorkerSide:
         self._stores = {}        # job -> _Store
         self._ended = set()      # store jobs ended before this rank saw them submitted
         self._loads = {}         # req_id -> (Pending, destination ids)
+        self._late = {}          # job -> _Late: a load without the server's answer, not yet ended
         self._load_errors = set()
         self._failed_recv = set()  # requests whose asynchronous load failed, not yet reported
         self._finish_pending = set()
@@ -159,7 +186,10 @@ class WorkerSide:
     def _on_event(self, ev):
         with self._cv:
             if ev.type == "job_done":
-                if self._stores.pop(ev.job, None) is None:
+                late = self._late.get(ev.job)
+                if late is not None:
+                    late.ended = True
+                elif self._stores.pop(ev.job, None) is None:
                     self._ended.add(ev.job)
                     if len(self._ended) > 65536:
                         self._ended.clear()
@@ -229,8 +259,55 @@ class WorkerSide:
         for rid, p, dst in sync:
             ok = p.wait(max(0.0, deadline - time.monotonic())) and not p.code
             if not ok:
+                if self._unanswered(p):
+                    # the step cannot go on while the server may write its blocks
+                    self._wait_late(self._late_load(rid, dst, p))
                 self._load_failed(rid, dst, p)
                 self._failed_now.add(rid)
+
+    def _unanswered(self, p):
+        """True when the server never answered this load's retrieve."""
+        return not p.done.is_set() or p.code in _NO_ANSWER
+
+    def _late_load(self, rid, dst, p):
+        late = _Late(rid, dst, p)
+        with self._cv:
+            self._late[p.job] = late
+        log.warning("kvside: load of %s got no answer (%s): its %d blocks stay the server's until job %#x ends",
+                    rid, kvside.KvsideError(p.code).code_name if p.code else "timeout", len(dst), p.job)
+        return late
+
+    def _late_ended(self, job, late):
+        """True once the late load's job ended (then it leaves _late). Asks
+        job_status at most every _LATE_POLL_S, for a job_done that did not
+        reach this session (a replaced session is not on the job's parts)."""
+        now = time.monotonic()
+        if not late.ended and now >= late.next_ask:
+            late.next_ask = now + _LATE_POLL_S
+            try:
+                st = self.client.job_status([job], timeout_ms=_LATE_ASK_MS)
+                late.heard = now
+                late.ended = bool(st) and st[0].state in ("committed", "aborted", "unknown")
+            except (kvside.KvsideError, AttributeError) as e:  # ask again later
+                if getattr(e, "code_name", "E_TIMEOUT") not in ("E_TIMEOUT", "ETIMEDOUT"):
+                    late.heard = now  # an answer, if an error: the server is there
+                elif now - late.heard >= self.cfg.late_load_gone_ms / 1000.0:
+                    log.warning("kvside: the server answered nothing for %.1f s: taken as gone, and with "
+                                "it job %#x's copies into %s's blocks", now - late.heard, job, late.rid)
+                    late.ended = True
+        if late.ended:
+            with self._cv:
+                self._late.pop(job, None)
+            log.warning("kvside: job %#x of %s ended %.1f s after its load gave up", job, late.rid,
+                        now - late.since)
+        return late.ended
+
+    def _wait_late(self, late):
+        job = late.pending.job
+        while not self._late_ended(job, late):
+            with self._cv:
+                if not late.ended:
+                    self._cv.wait(max(0.01, late.next_ask - time.monotonic()))
 
     def _dest_ids(self, op):
         """The blocks the retrieve writes: those past the tokens the engine
@@ -359,16 +436,23 @@ class WorkerSide:
         recving = set()
         for rid, (p, dst) in list(self._loads.items()):
             if p.done.is_set():
+                del self._loads[rid]
+                if self._unanswered(p):
+                    self._late_load(rid, dst, p)
+                    continue
                 if p.code:
                     self._load_failed(rid, dst, p)
                 recving.add(rid)
-                del self._loads[rid]
+        for job, late in list(self._late.items()):
+            if self._late_ended(job, late):
+                self._load_failed(late.rid, late.dst, late.pending)
+                recving.add(late.rid)
         failed, self._failed_recv = self._failed_recv, set()
         return sending, recving, failed
 
     def pending_work(self):
         with self._cv:
-            return bool(self._stores) or bool(self._loads)
+            return bool(self._stores) or bool(self._loads) or bool(self._late)
 
     def shutdown(self, wait_s=5.0):
         deadline = time.monotonic() + wait_s
