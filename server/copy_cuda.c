@@ -65,6 +65,8 @@ int kvs_cuda_engine_create(kvs_cq *cq, void *arena, uint64_t arena_size, const k
 	e->stage_min = sm ? strtoull(sm, NULL, 10) : opts->stage_min;
 	if (e->stage_bytes < STAGE_SLOTS * 4096ull)
 		e->stage_bytes = 0;
+	const char *th = getenv("KVS_TEST_CUDA_HOLD_MS"); /* tests: copies land late (test_gpu_late) */
+	e->hold_ns = th ? strtoull(th, NULL, 10) * 1000000ull : 0;
 	const char *ps = getenv("KVS_CUDA_POLL_US");
 	e->poll_spin_ns = (ps ? strtoull(ps, NULL, 10) : opts->poll_us) * 1000ull;
 	for (int d = 0; d < e->n_dev; d++) {
@@ -94,6 +96,9 @@ int kvs_cuda_engine_create(kvs_cq *cq, void *arena, uint64_t arena_size, const k
 				void *args[] = {&nul, &zero};
 				if (cu->cuLaunchKernel(e->fn[d], 1, 1, 1, THREADS, 1, 1, 0, 0, args, NULL) == CUDA_SUCCESS)
 					cu->cuCtxSynchronize();
+				if (e->hold_ns && cu->cuModuleGetFunction(&e->hold_fn[d], e->mod[d], "kvs_test_hold") == CUDA_SUCCESS)
+					kvs_warn("test hook: every copy of device %d held %llu ms", d,
+						 (unsigned long long)(e->hold_ns / 1000000));
 			}
 		}
 	}
@@ -809,6 +814,11 @@ static void submit_part(kvs_cuda_engine *e, kvs_cuda_stream *s, const kvs_copy_p
 	if (s->stage && !ordered && (writes || !s->last_read_only) &&
 	    (r = CU(e, cuStreamWaitEvent)(first, s->last, 0)) != CUDA_SUCCESS)
 		goto fail;
+	if (e->hold_fn[s->dev]) { /* the test hook: the stream waits first */
+		void *hold_args[] = {&e->hold_ns};
+		if ((r = CU(e, cuLaunchKernel)(e->hold_fn[s->dev], 1, 1, 1, 1, 1, 1, 0, first, hold_args, NULL)) != CUDA_SUCCESS)
+			goto fail;
+	}
 	r = dir != DIR_NONE ? submit_staged(e, via, tasks, nt, dir == DIR_D2H, f) : submit_direct(e, s, tasks, nt, f);
 	if (r != CUDA_SUCCESS)
 		goto fail;

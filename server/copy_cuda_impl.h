@@ -155,6 +155,10 @@ struct kvs_cuda_engine {
 	atomic_uint_fast64_t copy_active_ns;
 	atomic_uint pin_left;   /* slices not yet final */
 	uint32_t pin_extra_us;  /* test hook KVS_TEST_PIN_HOLD_MS: a slow driver's register */
+	/* test hook KVS_TEST_CUDA_HOLD_MS: every part's stream is held this
+	 * long by kvs_test_hold before its copies (0, or no such kernel: off) */
+	uint64_t hold_ns;
+	CUfunction hold_fn[MAX_DEV];
 	atomic_bool stop;
 	/* parts waiting for their producer event (copy_cuda_wait.c) */
 	pthread_mutex_t wait_mu;

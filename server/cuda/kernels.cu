@@ -49,3 +49,15 @@ extern "C" __global__ void kvs_copy_segs(const kvs_seg *segs, unsigned n)
 		}
 	}
 }
+
+// Test hook (KVS_TEST_CUDA_HOLD_MS, copy_cuda.c): holds the stream it runs on
+// for ns nanoseconds of the GPU's global timer, so the copies queued behind it
+// land late (the GPU suite's test_gpu_late). Never launched otherwise.
+extern "C" __global__ void kvs_test_hold(unsigned long long ns)
+{
+	unsigned long long t0, t;
+	asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+	do
+		asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+	while (t - t0 < ns);
+}

@@ -11,7 +11,9 @@
 #   tests/gpu/gpu-run.sh remote-suite the GPU suite alone, per copy path (SUITE_PATHS),
 #                                 then test_gpu_gate (gpu-gate.log)
 #   tests/gpu/gpu-run.sh remote-event stores after late and never-firing CUDA
-#                                 producer events (test_gpu_event): gpu-event.log
+#                                 producer events (test_gpu_event): gpu-event.log;
+#                                 copies held past their job's deadline
+#                                 (test_gpu_late): gpu-late.log
 #   tests/gpu/gpu-run.sh remote-trace one rank, one job in flight, per block size
 #                                 (TRACE_BLOCKS, KiB, default "4 16 2048") with
 #                                 KVS_TRACE on: the bench's rows and where a
@@ -137,14 +139,19 @@ remote-suite)
   exit $?
   ;;
 remote-event)
-  # stores after CUDA producer events (late, never firing): test_gpu_event
+  # stores after CUDA producer events (late, never firing): test_gpu_event;
+  # copies held past their deadline: test_gpu_late
   export LD_LIBRARY_PATH=$PWD/.gpu-bundle/lib:${LD_LIBRARY_PATH:-}
   export KVS_SERVER=$PWD/build/server/kvside-server
   out=${OUT:-gpu-logs}
   mkdir -p "$out"
   rc=0
-  timeout 120 build/tests/gpu/test_gpu_event > "$out/gpu-event.log" 2>&1 || rc=$?
-  echo "gpu event test: exit $rc"; grep -Ev '^[0-9]{4}-[0-9]{2}-[0-9]{2}T' "$out/gpu-event.log" | tail -8
+  for t in event late; do
+    r=0
+    timeout 120 build/tests/gpu/test_gpu_$t > "$out/gpu-$t.log" 2>&1 || r=$?
+    [ $r -eq 0 ] || rc=$r
+    echo "gpu $t test: exit $r"; grep -Ev '^[0-9]{4}-[0-9]{2}-[0-9]{2}T' "$out/gpu-$t.log" | tail -8
+  done
   exit $rc
   ;;
 remote-compare)

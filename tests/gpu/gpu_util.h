@@ -82,16 +82,12 @@ static inline void gpu_one_free(gpu_one *g)
 	*g = (gpu_one){0};
 }
 
-/* The rank's part of job: nk chunks of bpc blocks over blocks first..
- * (store; keys from job) or into them (retrieve of the chunks job - 100
- * stored), a store after the producer event h if given (up to 64 chunks). */
-static inline int gpu_one_part(const gpu_one *g, uint64_t job, bool store, int64_t first, uint32_t nk, uint32_t bpc,
-			       const CUipcEventHandle *h, int *state)
+/* The keys and block ids of the rank's part of job: nk chunks of bpc blocks
+ * over blocks first.. (store; keys from job) or into them (retrieve of the
+ * chunks job - 100 stored). keys: 32 * nk bytes, ids: nk * bpc. */
+static inline void gpu_one_fill(uint64_t job, bool store, int64_t first, uint32_t nk, uint32_t bpc, uint8_t *keys,
+				int64_t *ids)
 {
-	uint8_t keys[64 * 32];
-	int64_t ids[64 * 64];
-	if (nk > 64 || bpc > 64)
-		return -1;
 	for (uint32_t k = 0; k < nk; k++) {
 		uint64_t j = store ? job : job - 100;
 		memset(keys + 32 * k, 0, 32);
@@ -101,6 +97,18 @@ static inline int gpu_one_part(const gpu_one *g, uint64_t job, bool store, int64
 	}
 	for (uint32_t i = 0; i < nk * bpc; i++)
 		ids[i] = first + i;
+}
+
+/* That part sent (a store after the producer event h if given; up to 64
+ * chunks of up to 64 blocks), its reply waited for. */
+static inline int gpu_one_part(const gpu_one *g, uint64_t job, bool store, int64_t first, uint32_t nk, uint32_t bpc,
+			       const CUipcEventHandle *h, int *state)
+{
+	uint8_t keys[64 * 32];
+	int64_t ids[64 * 64];
+	if (nk > 64 || bpc > 64)
+		return -1;
+	gpu_one_fill(job, store, first, nk, bpc, keys, ids);
 	const int64_t *l[1] = {ids};
 	uint32_t len[1] = {nk * bpc};
 	kvs_blocks bl = {.n_groups = 1, .ids = l, .len = len};
