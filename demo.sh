@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Quick start: installs the build dependencies (Debian 12), builds kvside,
-# starts kvside-server with its embedded defaults plus an L2 directory, runs a
-# short 4-rank demo against it, restarts the server and shows the same prompt
-# hitting from L2 and retrieving byte-exact.
+# Quick start: installs what building kvside needs (configs/install-deps.sh
+# without --tests: compiler, meson, ninja and the libraries; Debian 12 or 13),
+# builds it, starts kvside-server with its embedded defaults plus an L2
+# directory, runs a short 4-rank demo against it, restarts the server and
+# shows the same prompt hitting from L2 and retrieving byte-exact.
 set -euo pipefail
 cd "$(dirname "$0")"
 ./configs/install-deps.sh

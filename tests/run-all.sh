@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite: unit + integration + bench-smoke + e2e + vllm +
 # vllm-engine (real vLLM engines: the environment is made first) + sglang +
-# wheel + ops + l3 (the Redis Cluster client against a cluster the
+# wheel + ops + docs (every runnable block of README.md and docs/*.md) + l3 (the Redis Cluster client against a cluster the
 # test starts) + chaos (faults injected into real servers, docs/reliability.md)
 # in a normal build; the multi-process integration tests again
 # with the server under valgrind (leaks and errors fail them); unit +
@@ -10,7 +10,7 @@
 # Ends with "N passed, N failed" summed over every run.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-./configs/install-deps.sh || exit 1
+./configs/install-deps.sh --tests || exit 1
 # the real vLLM of the engine tests, in its own virtual environment (pinned)
 tests/vllm_engine/make-venv.sh build-vllm-venv || echo "== vllm-engine: environment not made (the tests skip)"
 # the real SGLang of tests/sglang_pkg, in its own (pinned)
@@ -32,11 +32,14 @@ run_suite() { # build-dir label meson-test-args...
 }
 build() { # dir args...
   local d=$1; shift
-  if [ ! -d "$d" ]; then meson setup "$d" "$@" >/dev/null || return 1; fi
+  # an existing build directory is configured again: one made by ./demo.sh
+  # before the test stack was installed has the tests left out (no Check)
+  if [ ! -d "$d" ]; then meson setup "$d" "$@" >/dev/null || return 1
+  else meson setup --reconfigure "$d" "$@" >/dev/null || return 1; fi
   ninja -C "$d" >/dev/null || { ninja -C "$d"; return 1; }
 }
 if build build; then
-  run_suite build "normal build" --suite unit --suite integration --suite bench-smoke --suite e2e --suite vllm --suite vllm-engine --suite sglang --suite wheel --suite ops --suite l3 --suite chaos
+  run_suite build "normal build" --suite unit --suite integration --suite bench-smoke --suite e2e --suite vllm --suite vllm-engine --suite sglang --suite wheel --suite ops --suite docs --suite l3 --suite chaos
   run_suite build "server under valgrind" --setup valgrind spine jobs hybrid ops python_binding
 else failed=$((failed + 1)); fi
 if build build-asan -Db_sanitize=address,undefined -Db_lundef=false; then
