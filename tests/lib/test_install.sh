@@ -10,16 +10,18 @@
 #     (Libs.private, Requires.private);
 #   * headers only under include/kvside/, the library's SONAME link;
 #   * the systemd unit, with this build's bindir and docdir substituted,
-#     naming binaries and a manual the install put there;
+#     naming binaries and a manual the install put there, and the sysusers.d
+#     entry that creates its User= (systemd-sysusers into a scratch root);
+#   * every docs/*.md in the doc directory;
 #   * the example config, which the installed server reads (--print-config);
 #   * the Python package, every .py file of worker/python/kvside, imported by
 #     /usr/bin/python3 from the staged site directory with the staged library.
 # Environment (tests/lib/meson.build): KVT_BUILD_ROOT, KVT_SOURCE_ROOT, KVT_CC,
-# KVT_BINDIR, KVT_LIBDIR, KVT_INCLUDEDIR, KVT_UNIT, KVT_DOCDIR, KVT_PYSITE
+# KVT_BINDIR, KVT_LIBDIR, KVT_INCLUDEDIR, KVT_UNIT, KVT_SYSUSERS, KVT_DOCDIR, KVT_PYSITE
 # (absolute install paths; KVT_PYSITE empty when no Python package is installed).
 set -euo pipefail
 : "${KVT_BUILD_ROOT:?}" "${KVT_SOURCE_ROOT:?}" "${KVT_CC:?}" "${KVT_BINDIR:?}" "${KVT_LIBDIR:?}"
-: "${KVT_INCLUDEDIR:?}" "${KVT_UNIT:?}" "${KVT_DOCDIR:?}" "${KVT_PYSITE?}"
+: "${KVT_INCLUDEDIR:?}" "${KVT_UNIT:?}" "${KVT_SYSUSERS:?}" "${KVT_DOCDIR:?}" "${KVT_PYSITE?}"
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/kvt-install.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 stage=$tmp/stage
@@ -106,9 +108,20 @@ doc=$(sed -n 's/^Documentation=file://p' "$unit")
 [ "$doc" = "$KVT_DOCDIR/deploy.md" ] || fail "Documentation= is '$doc', want $KVT_DOCDIR/deploy.md"
 [ -f "$stage$doc" ] || fail "Documentation= names $doc, which the install did not put there"
 ! grep -n '@[A-Za-z_]*@' "$unit" || fail "unsubstituted @...@ left in $KVT_UNIT"
-for d in deploy.md library.md protocol.md; do
-  [ -f "$stage$KVT_DOCDIR/$d" ] || fail "$KVT_DOCDIR/$d not installed"
+for d in "$KVT_SOURCE_ROOT"/docs/*.md; do
+  [ -f "$stage$KVT_DOCDIR/${d##*/}" ] || fail "$KVT_DOCDIR/${d##*/} not installed (docs/meson.build)"
 done
+# the account of User=/Group=: a sysusers.d entry creates it
+sysusers=$stage$KVT_SYSUSERS
+[ -f "$sysusers" ] || fail "$KVT_SYSUSERS not installed"
+user=$(sed -n 's/^User=//p' "$unit"); group=$(sed -n 's/^Group=//p' "$unit")
+grep -q "^u $user " "$sysusers" || fail "$KVT_SYSUSERS does not create User=$user"
+[ "$group" = "$user" ] || fail "Group=$group is not the group sysusers makes for $user"
+if command -v systemd-sysusers >/dev/null; then
+  mkdir -p "$tmp/root/etc"
+  systemd-sysusers --root="$tmp/root" "$sysusers" || fail "systemd-sysusers refuses $KVT_SYSUSERS"
+  grep -q "^$user:" "$tmp/root/etc/passwd" || fail "systemd-sysusers made no user $user"
+fi
 cfg=$stage$KVT_DOCDIR/kvside.yaml
 cmp "$cfg" "$KVT_SOURCE_ROOT/configs/kvside.yaml" || fail "$KVT_DOCDIR/kvside.yaml is not configs/kvside.yaml"
 "$bindir/kvside-server" --config "$cfg" --print-config >"$tmp/print-config" ||
