@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #define KVS_LOG_COMPONENT "broker"
+#include "kvs_dirlock.h"
 #include "kvs_fdpass.h"
 #include "import.h"
 #include "kvs_log.h"
@@ -59,6 +60,14 @@ int kvs__broker_open(kvs_server *srv)
 	int r = check_run_dir(srv->cfg.broker_dir);
 	if (r)
 		return r;
+	/* before anything in the directory is touched: a second server would
+	 * replace the first one's sockets, and remove them when it exits */
+	char why[600];
+	if ((r = kvs_dirlock_take(srv->cfg.broker_dir, "kvside-server.lock", "broker directory", why, sizeof(why))) < 0) {
+		kvs_err("%s", why);
+		return r;
+	}
+	srv->dir_lock = r;
 	struct sockaddr_un sa = {.sun_family = AF_UNIX};
 	if ((size_t)snprintf(sa.sun_path, sizeof(sa.sun_path), "%s/%s", srv->cfg.broker_dir,
 			     KVS_BROKER_SOCK_NAME) >= sizeof(sa.sun_path)) {

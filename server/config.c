@@ -29,6 +29,9 @@ static const kvs_config_key keys[] = {
 	 1, 0, "DIR", "private run directory of the fd broker (and of the default endpoint)"},
 	{"l1-size", KVS_CFG_SIZE, F(l1_size), 0, 1ull << 20, 8ull << 40, "BYTES",
 	 "DRAM tier size, suffixes K M G"},
+	{"l1-size-clamp", KVS_CFG_BOOL, F(l1_size_clamp), 0, 0, 0, "BOOL",
+	 "l1-size above the memory this server may use (MemAvailable, its memory cgroup's limit): take what there "
+	 "is (true) or refuse to start (false)"},
 	{"ttl-ms", KVS_CFG_MS, F(ttl_ms), 0, 1, DAY_MS, "MS", "session lease"},
 	{"heartbeat-ms", KVS_CFG_MS, F(heartbeat_ms), 0, 1, DAY_MS, "MS",
 	 "heartbeat period advised to clients (below ttl-ms)"},

@@ -24,10 +24,13 @@
 #include "kvs_time.h"
 #include "plan.h"
 #include "promote.h"
+#include "ranks.h"
 #include "registry.h"
 #include "reply.h"
 
 #define JOBKEY_BYTES KVS_JOBKEY_BYTES
+/* the end of a conflict with a remembered terminal job (protocol.md §6.4) */
+#define REUSED "this server remembers the ids of its last terminal-jobs ended jobs to answer repeats; use a new id"
 
 typedef struct kvs_job kvs_job;
 
@@ -77,7 +80,7 @@ struct kvs_job {
 	uint32_t world;
 	uint32_t ranks_done;
 	bool aborting;
-	char reason[64];
+	char reason[KVS_MAX_STR + 1]; /* the wire's bound (protocol.md §4) */
 	uint64_t deadline_ms;
 	kvs_part *parts; /* world entries, by rank */
 	kvs_server *srv; /* for completion callbacks */
@@ -90,7 +93,7 @@ typedef struct kvs_terminal {
 	uint8_t key[JOBKEY_BYTES];
 	uint64_t id;
 	uint8_t state;
-	char reason[64];
+	char reason[KVS_MAX_STR + 1];
 	uint32_t world, ranks_done;
 	uint8_t *digests; /* world * 16, zero = no part from that rank */
 	uint8_t *done;    /* world entries: 0 none, 1 + status */
@@ -271,16 +274,6 @@ static bool publish(kvs_server *srv, kvs_l1_obj *o)
 	return true;
 }
 
-/* Tokens of the chunk an object belongs to (its group's geometry). */
-static uint32_t chunk_tokens(const kvs_reg *reg, kvs_l1_obj *o)
-{
-	uint32_t gid = kvs_l1_key(o)->group;
-	for (uint32_t g = 0; reg && g < reg->n_groups; g++)
-		if (reg->groups[g].desc.id == gid)
-			return reg->groups[g].desc.tokens_per_block * reg->groups[g].desc.blocks_per_chunk;
-	return 0;
-}
-
 static void part_release(kvs_server *srv, kvs_part *p, bool commit)
 {
 	kvs_jobs *J = srv->jobs;
@@ -291,7 +284,7 @@ static void part_release(kvs_server *srv, kvs_part *p, bool commit)
 			} else if (commit) {
 				kvs_l1_commit(srv->l1, p->objs[i]);
 				kvs_events_stored_as(srv->events, kvs_l1_key(p->objs[i]),
-						     chunk_tokens(p->reg, p->objs[i]), KVS_TIER_EV_L1,
+						     kvs_reg_chunk_tokens(p->reg, kvs_l1_key(p->objs[i])->group), KVS_TIER_EV_L1,
 						     p->evh ? p->evh + (size_t)i * KVS_KEY_BYTES : NULL);
 				kvs_writeback_stored(srv, p->objs[i], p->geoms[i], J->write_group, p->chunk[i]);
 			} else {
@@ -305,10 +298,8 @@ static void part_release(kvs_server *srv, kvs_part *p, bool commit)
 	free(p->geoms);
 	free(p->chunk);
 	free(p->evh);
-	p->objs = NULL;
-	p->geoms = NULL;
-	p->chunk = NULL;
-	p->evh = NULL;
+	p->objs = NULL, p->geoms = NULL;
+	p->chunk = NULL, p->evh = NULL;
 	p->n_objs = 0;
 	J->retained -= p->retained;
 	p->retained = 0;
@@ -607,13 +598,14 @@ static int op_part(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
 
 	kvs_terminal *t = kvs_htab_get(J->terminal, key);
 	if (t && t->world != s->world)
-		return kvs__fail(srv, KVS_E_JOB_CONFLICT, "job %llu had world %u", (unsigned long long)rq->job, t->world);
+		return kvs__fail(srv, KVS_E_JOB_CONFLICT, "job %llu ended earlier with world %u: %s",
+				 (unsigned long long)rq->job, t->world, REUSED);
 	if (t) {
 		static const uint8_t zero[16];
 		const uint8_t *had = s->rank < t->world ? t->digests + 16 * s->rank : zero;
 		if (memcmp(had, zero, 16) != 0 && memcmp(had, dg, 16) != 0)
-			return kvs__fail(srv, KVS_E_JOB_CONFLICT, "job %llu is terminal with other content from rank %u",
-					 (unsigned long long)rq->job, s->rank);
+			return kvs__fail(srv, KVS_E_JOB_CONFLICT, "job %llu ended earlier with other content from rank %u: %s",
+					 (unsigned long long)rq->job, s->rank, REUSED);
 		reply_state(srv, s, rq, t->state); /* a repeat changes nothing */
 		return 0;
 	}
@@ -688,7 +680,8 @@ static int op_part(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
 			kvs__fail(srv, r, "%s", pl.err);
 		p->event = NULL;
 		kvs_plan_undo(srv->l1, &pl, rq->op); /* what no wave took */
-		job_abort(srv, job, "rank %u part refused: %s", s->rank, kvs_error_name(r));
+		job_abort(srv, job, "rank %u part refused: %s: %s", s->rank, kvs_error_name(r),
+			  srv->errbuf[0] ? srv->errbuf : pl.err);
 		try_finalize(srv, job);
 		return r;
 	}
@@ -857,6 +850,16 @@ static void for_each_open(kvs_server *srv, bool (*pred)(kvs_server *, kvs_job *,
 	free(list);
 }
 
+/* The ranks a job still waits for, in words (ranks.h): its deadline's reason. */
+static void missing_ranks(const kvs_job *job, char *out, size_t cap)
+{
+	uint8_t *kind = malloc(job->world);
+	for (uint32_t r = 0; kind && r < job->world; r++)
+		kind[r] = job->parts[r].completed ? KVS_RANK_DONE : job->parts[r].present ? KVS_RANK_OPEN : KVS_RANK_NONE;
+	kvs_ranks_missing(kind, job->world, out, cap); /* NULL: "some ranks did not report" */
+	free(kind);
+}
+
 /* Aborts the jobs whose deadline passed: O(expired), from the oldest end.
  * Aborting jobs still waiting for copies stay at that end until they end. */
 void kvs_jobs_tick(kvs_server *srv)
@@ -865,7 +868,9 @@ void kvs_jobs_tick(kvs_server *srv)
 	while (job && job->deadline_ms <= srv->now_ms) {
 		kvs_job *next = job->newer; /* finalising frees this job, no other */
 		if (!job->aborting) {
-			job_abort(srv, job, "deadline of %llu ms passed", (unsigned long long)srv->cfg.job_deadline_ms);
+			char who[160];
+			missing_ranks(job, who, sizeof(who));
+			job_abort(srv, job, "deadline of %llu ms passed: %s", (unsigned long long)srv->cfg.job_deadline_ms, who);
 			try_finalize(srv, job);
 		}
 		job = next;
@@ -935,6 +940,14 @@ void kvs_jobs_destroy(kvs_server *srv, kvs_jobs *J)
 	free(J);
 }
 
+/* An open job as job_status says it: open until terminal, aborting or not
+ * ("aborted" from job_status means no copy of the job is in flight, §9.6). */
+static kvs_job_info open_info(const kvs_job *job)
+{
+	return (kvs_job_info){.job = job->id, .state = KVS_JOB_OPEN, .ranks_done = job->ranks_done,
+			      .reason = kvs_str_c(job->aborting ? job->reason : "in progress")};
+}
+
 int kvs__op_job_status(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
 {
 	kvs_jobs *J = srv->jobs;
@@ -952,11 +965,7 @@ int kvs__op_job_status(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
 			kvs_job_info *o = &out[n++];
 			o->job = rq->jobs[i];
 			if (job) {
-				/* open until terminal, aborting or not: "aborted" from
-				 * job_status means no copy of the job is in flight (§9.6) */
-				o->state = KVS_JOB_OPEN;
-				o->reason = kvs_str_c(job->aborting ? job->reason : "in progress");
-				o->ranks_done = job->ranks_done;
+				*o = open_info(job);
 			} else if (t) {
 				o->state = t->state;
 				o->reason = kvs_str_c(t->reason);
@@ -972,10 +981,7 @@ int kvs__op_job_status(kvs_server *srv, kvs_session *s, const kvs_msg *rq)
 		while ((job = kvs_htab_next(J->open, &pos)) != NULL && n < cap) {
 			if (strcmp(job->engine, s->engine) != 0)
 				continue;
-			out[n++] = (kvs_job_info){.job = job->id,
-						  .state = KVS_JOB_OPEN,
-						  .reason = kvs_str_c(job->aborting ? job->reason : "in progress"),
-						  .ranks_done = job->ranks_done};
+			out[n++] = open_info(job);
 		}
 	}
 	kvs_msg rep = {.op = KVS_OP_JOB_STATUS, .id = rq->id, .ok = true, .job_infos = out, .n_job_infos = n};

@@ -16,6 +16,7 @@
 #include <sys/eventfd.h>
 #include <sys/signalfd.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 #include <zmq.h>
 
@@ -23,6 +24,7 @@
 #include "kvs_log.h"
 #include "kvs_trace.h"
 #include "kvs_time.h"
+#include "kvs_dirlock.h"
 #include "server.h"
 #include "events.h"
 #include "kvs_cq.h"
@@ -31,6 +33,8 @@
 #include "access.h"
 #include "admin.h"
 #include "auth.h"
+#include "longwork.h"
+#include "memroom.h"
 #include "metrics.h"
 #include "copy_host.h"
 #include "copy_cuda.h"
@@ -192,38 +196,6 @@ static int cuda_start(kvs_server *srv)
 /* Faults the L1 arena in, slice by slice, off the main loop: fresh arena
  * pages would otherwise be faulted (and zeroed) by the copy threads on the
  * first store into them. Stops early at shutdown. */
-static void *prefault_main(void *arg)
-{
-	kvs_server *srv = arg;
-	uint64_t size;
-	uint8_t *base = kvs_l1_arena(srv->l1, &size);
-	const uint64_t slice = 64ull << 20;
-	/* the CUDA engine's start first (cuda_ready): a millisecond without a GPU */
-	while (!atomic_load(&srv->cuda_settled) && !atomic_load(&srv->prefault_stop))
-		usleep(1000);
-	if (kvs_cuda_pinning(srv->cuda)) {
-		/* the engine's pinning faults L1 in as it pins: populating beside
-		 * it competed with the copies (100 ms windows below 0.9 of steady
-		 * speed until 5 s after start with 94 GiB, from 1.1 s without, on
-		 * the H200 machine) and halved how much was pinned after 20 s */
-		kvs_info("L1 prefault skipped: the CUDA engine pins (and so faults in) L1");
-		atomic_store(&srv->prefault_active, false);
-		return NULL;
-	}
-	for (uint64_t off = 0; off < size && !atomic_load(&srv->prefault_stop); off += slice) {
-		/* a register in the CUDA driver goes first (issue 18): populating
-		 * holds the mmap lock its mapping calls need */
-		while (kvs_cuda_pin_held(srv->cuda) && !atomic_load(&srv->prefault_stop))
-			usleep(200);
-		uint64_t n = size - off < slice ? size - off : slice;
-		if (madvise(base + off, n, MADV_POPULATE_WRITE) != 0)
-			break; /* kernel without it: pages fault in on first use */
-		atomic_fetch_add(&srv->prefaulted, n);
-	}
-	atomic_store(&srv->prefault_active, false);
-	return NULL;
-}
-
 /* L1 made room by dropping a chunk: KV-event subscribers learn it. */
 static void l1_evicted(const kvs_objkey *key, void *arg)
 {
@@ -290,19 +262,40 @@ static int l3_open(kvs_server *srv)
 
 static void modules_fini(kvs_server *srv);
 
+/* An arena beyond the memory the server may use would only fail later,
+ * page by page: an OOM kill within a second of "ready" under a cgroup
+ * limit. Refused, or clamped with l1-size-clamp (memroom.h). */
+static int l1_fits(kvs_server *srv)
+{
+	char where[1400];
+	uint64_t room = kvs_memroom(where, sizeof(where));
+	uint64_t need = srv->cfg.l1_size + KVS_SERVER_OWN_BYTES;
+	if (room == UINT64_MAX || need <= room)
+		return 0;
+	uint64_t fit = room > KVS_SERVER_OWN_BYTES + (64ull << 20) ? (room - KVS_SERVER_OWN_BYTES) & ~((2ull << 20) - 1) : 0;
+	if (!srv->cfg.l1_size_clamp || !fit) {
+		kvs_err("l1-size %llu MiB and %llu MiB for the server itself are more than this server may use: "
+			"%llu MiB (%s); choose an l1-size of at most %llu MiB, or set l1-size-clamp: true to take "
+			"what there is", (unsigned long long)(srv->cfg.l1_size >> 20),
+			(unsigned long long)(KVS_SERVER_OWN_BYTES >> 20), (unsigned long long)(room >> 20), where,
+			(unsigned long long)(fit >> 20));
+		return -ENOMEM;
+	}
+	kvs_warn("l1-size %llu MiB clamped to %llu MiB (l1-size-clamp): this server may use %llu MiB (%s), "
+		 "%llu MiB of it kept for the server itself", (unsigned long long)(srv->cfg.l1_size >> 20),
+		 (unsigned long long)(fit >> 20), (unsigned long long)(room >> 20), where,
+		 (unsigned long long)(KVS_SERVER_OWN_BYTES >> 20));
+	srv->cfg.l1_size = fit;
+	return 0;
+}
+
 /* Creates the data-path modules in dependency order (L1, registry, CUDA
  * engine, host pool, L2, jobs); unwinds on failure. */
 static int modules_init(kvs_server *srv)
 {
 	int r;
-	/* an arena beyond RAM would only fail later, page by page (OOM kill) */
-	long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
-	if (pages > 0 && psz > 0 && srv->cfg.l1_size > (uint64_t)pages * (uint64_t)psz) {
-		kvs_err("l1-size %llu MiB exceeds this machine's physical memory (%llu MiB): choose a smaller "
-			"l1-size", (unsigned long long)(srv->cfg.l1_size >> 20),
-			(unsigned long long)(((uint64_t)pages * (uint64_t)psz) >> 20));
-		return -EINVAL;
-	}
+	if ((r = l1_fits(srv)) < 0)
+		return r;
 	/* withheld until the CUDA engine is known: with a GPU, L1's usable part
 	 * follows the pinned prefix (l1_ceiling); without, it is released */
 	kvs_l1_config l1c = {.size = srv->cfg.l1_size, .on_evict = l1_evicted, .evict_arg = srv, .withhold = 1};
@@ -366,11 +359,7 @@ fail:
 static void modules_fini(kvs_server *srv)
 {
 	srv->closing = true; /* an engine made from here on is only destroyed (cuda_ready) */
-	if (srv->prefault_started) {
-		atomic_store(&srv->prefault_stop, true);
-		pthread_join(srv->prefault, NULL);
-		srv->prefault_started = false;
-	}
+	kvs__prefault_stop(srv);
 	kvs_cuda_engine_quiesce(srv->cuda); /* parts waiting for a producer event fail now */
 	if (srv->jobs)
 		kvs_jobs_destroy(srv, srv->jobs); /* waits for running copies and promotions */
@@ -388,7 +377,9 @@ static void modules_fini(kvs_server *srv)
 	/* queued L2 and L3 writes still read L1 memory: close both before L1 goes */
 	kvs_l3_close(srv->l3);
 	srv->l3 = NULL;
+	uint64_t flush0 = kvs__longwork_flushing(srv);
 	kvs_l2_close(srv->l2);
+	kvs__longwork_flushed(srv, flush0);
 	srv->l2 = NULL;
 	kvs_registry_destroy(srv->reg);
 	srv->reg = NULL;
@@ -602,6 +593,7 @@ int kvs_server_create(const kvs_server_config *cfg, kvs_server **ret)
 		return -ENOMEM;
 	srv->cfg = *cfg;
 	srv->broker_fd = -1;
+	srv->dir_lock = -1;
 	srv->spare_fd = -1;
 	if (sodium_init() < 0) {
 		r = -EIO;
@@ -609,6 +601,10 @@ int kvs_server_create(const kvs_server_config *cfg, kvs_server **ret)
 	}
 	randombytes_buf(srv->epoch, sizeof(srv->epoch));
 	srv->now_ms = kvs_now_ms();
+	srv->start_ms = srv->now_ms;
+	struct timespec wall;
+	clock_gettime(CLOCK_REALTIME, &wall);
+	srv->start_unix_ms = (uint64_t)wall.tv_sec * 1000 + (uint64_t)wall.tv_nsec / 1000000;
 	if ((r = kvs_htab_create(sizeof(uint64_t), offsetof(kvs_session, id), &srv->sessions)) < 0)
 		goto err_free;
 	if ((r = kvs_htab_create(16, offsetof(kvs_parked, token), &srv->parked)) < 0)
@@ -661,7 +657,7 @@ int kvs_server_create(const kvs_server_config *cfg, kvs_server **ret)
 		goto err_router;
 	kvs_info("listening on %s%s%s, broker %s, ttl %llu ms, L1 %llu MiB", srv->endpoint, tcp ? " and " : "",
 		 tcp ? cfg->listen : "", srv->broker_path, (unsigned long long)cfg->ttl_ms,
-		 (unsigned long long)(cfg->l1_size >> 20));
+		 (unsigned long long)(srv->cfg.l1_size >> 20));
 	if (cfg->kv_events[0]) {
 		char why[300];
 		if ((r = kvs_events_open(srv->zctx, cfg->kv_events, cfg->kv_events_replay, cfg->kv_events_topic,
@@ -678,11 +674,7 @@ int kvs_server_create(const kvs_server_config *cfg, kvs_server **ret)
 	 * arena holds the mmap lock that every thread and socket created during
 	 * start-up needs (issue 18: 150-230 ms before listening on the H200);
 	 * it waits for the CUDA engine's start too (prefault_main) */
-	atomic_store(&srv->prefault_active, srv->cfg.l1_prefault);
-	if (srv->cfg.l1_prefault && pthread_create(&srv->prefault, NULL, prefault_main, srv) == 0)
-		srv->prefault_started = true;
-	else
-		atomic_store(&srv->prefault_active, false);
+	kvs__prefault_start(srv);
 	*ret = srv;
 	return 0;
 
@@ -707,6 +699,7 @@ err_parked:
 err_sessions:
 	kvs_htab_destroy(srv->sessions);
 err_free:
+	kvs_dirlock_drop(srv->dir_lock);
 	free(srv);
 	return r;
 }
@@ -741,6 +734,7 @@ void kvs_server_destroy(kvs_server *srv)
 	kvs__routes_destroy(srv);
 	kvs_htab_destroy(srv->parked);
 	kvs_htab_destroy(srv->sessions);
+	kvs_dirlock_drop(srv->dir_lock); /* last: every socket in the directory is gone */
 	free(srv);
 }
 
@@ -789,6 +783,7 @@ void kvs__server_tick(kvs_server *srv)
 	kvs__peers_tick(srv);
 	kvs__lanes_tick(srv);
 	kvs__admin_tick(srv);
+	kvs__longwork_tick(srv); /* start, progress and end lines of long work */
 	kvs__metrics_tick(srv); /* publish counters + sign of life for /healthz */
 	kvs_events_flush(srv->events); /* one KV-event batch per tick */
 }

@@ -106,6 +106,9 @@ typedef struct family {
 } family;
 
 static const family families[] = {
+	{"start_time_seconds", "gauge", "When this kvside-server started, in seconds since the Unix epoch.", 1e-3,
+	 {{"server_start_unix_ms", ""}}},
+	{"uptime_seconds", "gauge", "Seconds since this kvside-server started.", 1e-3, {{"server_uptime_ms", ""}}},
 	{"sessions", "gauge", "Open client sessions.", 0, {{"sessions", ""}}},
 	{"sessions_opened_total", "counter", "Sessions opened by hello.", 0, {{"sessions_opened", ""}}},
 	{"lanes", "gauge", "Job lanes attached (local sessions talking over a socket pair).", 0, {{"lanes_open", ""}}},
@@ -289,16 +292,19 @@ static const struct kvs_metrics_sample *find(const kvs_metrics_snap *s, const ch
 static bool special(const char *name)
 {
 	return strncmp(name, "errors.", 7) == 0 || strcmp(name, "requests") == 0 ||
-	       strcmp(name, "metrics_port") == 0;
+	       strcmp(name, "metrics_port") == 0 || strcmp(name, "server_pid") == 0 ||
+	       strcmp(name, "server_epoch") == 0 || strcmp(name, "server_version") == 0; /* build_info's labels */
 }
 
 char *kvs_metrics_format(const kvs_metrics_snap *snap, uint64_t age_ms, const char *version)
 {
 	sbuf b = {0};
 	bool used[KVS_METRICS_MAX_SAMPLES] = {false};
-	sb_printf(&b, "# HELP kvside_build_info Version of the running kvside-server.\n"
-		      "# TYPE kvside_build_info gauge\nkvside_build_info{version=\"%s\"} 1\n",
-		  version);
+	const struct kvs_metrics_sample *pid = find(snap, "server_pid"), *ep = find(snap, "server_epoch");
+	sb_printf(&b, "# HELP kvside_build_info Version, pid and epoch (the first 8 bytes of the replies' epoch, hex) "
+		      "of the running kvside-server.\n"
+		      "# TYPE kvside_build_info gauge\nkvside_build_info{version=\"%s\",pid=\"%llu\",epoch=\"%016llx\"} 1\n",
+		  version, pid ? (unsigned long long)pid->value : 0ull, ep ? (unsigned long long)ep->value : 0ull);
 	sb_printf(&b, "# HELP kvside_main_loop_tick_age_seconds Time since the main loop last "
 		      "published these numbers.\n# TYPE kvside_main_loop_tick_age_seconds gauge\n"
 		      "kvside_main_loop_tick_age_seconds %.3f\n", (double)age_ms / 1000.0);

@@ -100,13 +100,15 @@ static int distinct_ids(kvs_planner *P, const int64_t *ids, uint32_t n, int64_t 
 int kvs_plan_check(kvs_planner *P, const kvs_reg *g, const kvs_msg *rq, kvs_plan *pl)
 {
 	if (rq->blocks.n != g->n_groups)
-		return fail(pl, KVS_E_GEOMETRY, "blocks: %u lists for %u groups", rq->blocks.n, g->n_groups);
+		return fail(pl, KVS_E_GEOMETRY, "blocks: %u lists given, the registration has %u groups (one list per group, "
+			    "in registration order)", rq->blocks.n, g->n_groups);
 	for (uint32_t gi = 0; gi < g->n_groups; gi++) {
 		const kvs_reg_group *G = &g->groups[gi];
 		uint64_t want = (uint64_t)rq->n_keys * G->desc.blocks_per_chunk;
 		if (rq->blocks.len[gi] != want)
-			return fail(pl, KVS_E_GEOMETRY, "blocks[%u]: %u ids, expected %llu (%u keys x %u blocks per chunk)",
-				    gi, rq->blocks.len[gi], (unsigned long long)want, rq->n_keys, G->desc.blocks_per_chunk);
+			return fail(pl, KVS_E_GEOMETRY, "blocks[%u] (group id %u): %u ids given, expected %llu (%u keys x %u "
+				    "blocks per chunk)", gi, G->desc.id, rq->blocks.len[gi], (unsigned long long)want,
+				    rq->n_keys, G->desc.blocks_per_chunk);
 		for (uint32_t i = 0; i < rq->blocks.len[gi]; i++) {
 			int64_t id = rq->blocks.ids[gi][i];
 			if (id != G->desc.null_block && (id < 0 || (uint64_t)id >= G->num_blocks))

@@ -200,6 +200,14 @@ void kvs_reg_unlease(kvs_server *srv, kvs_reg *g)
 	/* a pending unregister is answered by the next tick */
 }
 
+uint32_t kvs_reg_chunk_tokens(const kvs_reg *g, uint32_t group)
+{
+	for (uint32_t i = 0; g && i < g->n_groups; i++)
+		if (g->groups[i].desc.id == group)
+			return g->groups[i].desc.tokens_per_block * g->groups[i].desc.blocks_per_chunk;
+	return 0;
+}
+
 uint64_t kvs_registry_count(const kvs_registry *r) { return kvs_htab_count(r->regs); }
 uint64_t kvs_registry_imports(const kvs_registry *r) { return kvs_imports_count(r->imports); }
 uint64_t kvs_registry_aliases(const kvs_registry *r) { return kvs_imports_aliases(r->imports); }

@@ -95,6 +95,8 @@ kvs_reg *kvs_registry_find_ns(kvs_registry *r, const char *ns, uint32_t world);
 void kvs_reg_lease(kvs_reg *g);
 /* Drops a lease; releases a dead registration whose last lease this was. */
 void kvs_reg_unlease(kvs_server *srv, kvs_reg *g);
+/* Tokens in one chunk of group `group` of g (0: no such group, or g NULL). */
+uint32_t kvs_reg_chunk_tokens(const kvs_reg *g, uint32_t group);
 
 /* The object geometry of a namespace and world: what lookup needs. */
 typedef struct kvs_geo {

@@ -20,11 +20,15 @@
 #define KVS_MAX_PARKED 4096
 #define KVS_BROKER_CONN_IDLE_MS 5000
 #define KVS_TICK_MS 50
+/* memory the server needs beside L1 (its metadata, threads, sockets,
+ * buffers): kept free when l1-size is checked against its memory room */
+#define KVS_SERVER_OWN_BYTES (256ull << 20)
 
 typedef struct kvs_server_config {
 	char listen[512];       /* ZeroMQ endpoint; "" = ipc://<broker_dir>/kvside.zmq */
 	char broker_dir[256];   /* run directory holding kvside.sock */
 	uint64_t l1_size;       /* bytes of the L1 arena */
+	bool l1_size_clamp;     /* l1-size above the memory the server may use: take what there is (else refuse) */
 	uint64_t ttl_ms;        /* session lease */
 	uint64_t heartbeat_ms;  /* advised client heartbeat period */
 	uint64_t job_deadline_ms;
@@ -166,6 +170,14 @@ struct kvs_l2;
 struct kvs_copy_pool;
 struct kvs_cuda_engine;
 
+/* One piece of long work being reported (longwork.c). Main-loop thread
+ * only. */
+typedef struct kvs_progress {
+	bool on;
+	uint64_t t0_ms, next_ms; /* started; next progress line */
+	uint64_t done0;          /* the amount done when it started */
+} kvs_progress;
+
 struct kvs_server {
 	kvs_server_config cfg;
 	uint8_t epoch[KVS_EPOCH_BYTES];
@@ -174,6 +186,7 @@ struct kvs_server {
 	struct kvs_events *events; /* KV-event publisher (events.h), NULL = off */
 	char endpoint[600];
 	int broker_fd;
+	int dir_lock;        /* kvs_dirlock on the broker directory: held until kvs_server_destroy's end */
 	int spare_fd;        /* reserve fd for EMFILE on accept */
 	uint32_t max_parked; /* bounded by the fd limit */
 	uint32_t parked_quota; /* parked fds one process may hold: an eighth of max_parked,
@@ -227,6 +240,7 @@ struct kvs_server {
 
 	kvs_stats st;
 	uint64_t now_ms; /* refreshed once per loop iteration */
+	uint64_t start_ms, start_unix_ms; /* when kvs_server_create ran: monotonic, and wall-clock (stats) */
 	pthread_t prefault; /* faults the L1 arena in at start-up */
 	bool prefault_started;
 	atomic_bool prefault_stop;
@@ -236,6 +250,8 @@ struct kvs_server {
 	atomic_bool cuda_settled;
 	atomic_uint_fast64_t prefaulted; /* bytes of the arena faulted in so far */
 	atomic_bool prefault_active; /* the prefault thread has work left (it clears it when it ends) */
+	kvs_progress lw_prefault, lw_pin, lw_backlog; /* their log lines (longwork.c) */
+	uint64_t backlog_log_bytes; /* longwork.c: a backlog this large is logged (0: not read yet) */
 	uint64_t busy_ns; /* main-loop time spent handling events (not waiting) */
 	char errbuf[256]; /* text of the error a handler is returning */
 

@@ -2,6 +2,9 @@
 #include <assert.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <unistd.h>
+
+#include "kvs_config.h"
 
 #include "kvs_log.h"
 #include "kvs_workq.h"
@@ -117,6 +120,16 @@ uint32_t kvs__stats_collect(kvs_server *srv, kvs_counter *c, char (*names)[32])
 	kvs_promote_stats ps;
 	kvs_promote_get_stats(srv->promote, &ps);
 #define C(nm, val) c[n++] = (kvs_counter){kvs_str_c(nm), (uint64_t)(val)}
+	/* which server answered: pid, version, start, uptime, epoch (the
+	 * replies' epoch field, its first 8 bytes as a big-endian number) */
+	uint64_t ep = 0;
+	for (int i = 0; i < 8; i++)
+		ep = ep << 8 | srv->epoch[i];
+	C("server_pid", getpid());
+	C("server_version", KVS_VERSION_NUM);
+	C("server_start_unix_ms", srv->start_unix_ms);
+	C("server_uptime_ms", srv->now_ms - srv->start_ms);
+	C("server_epoch", ep);
 	C("sessions", kvs_htab_count(srv->sessions));
 	C("sessions_opened", srv->st.sessions_opened);
 	C("sessions_reaped", srv->st.sessions_reaped);

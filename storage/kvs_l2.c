@@ -24,6 +24,7 @@
 #include "kvs_error.h"
 
 #define KVS_LOG_COMPONENT "l2"
+#include "kvs_dirlock.h"
 #include "kvs_l2_impl.h"
 
 typedef struct l2_item {
@@ -411,6 +412,16 @@ static void *writer_main(void *arg)
 		return NULL;
 	}
 	pthread_mutex_lock(&l2->mu);
+	const char *hold = getenv("KVS_TEST_L2_WRITER_HOLD_MS"); /* test hook: a backlog builds meanwhile */
+	if (hold) {
+		struct timespec ts;
+		clock_gettime(CLOCK_REALTIME, &ts);
+		uint64_t ns = (uint64_t)ts.tv_nsec + strtoull(hold, NULL, 10) * 1000000ull;
+		ts.tv_sec += (time_t)(ns / 1000000000ull);
+		ts.tv_nsec = (long)(ns % 1000000000ull);
+		while (!l2->stop && pthread_cond_timedwait(&l2->wcv, &l2->mu, &ts) != ETIMEDOUT)
+			;
+	}
 	for (;;) {
 		while (!l2->wq.n && !l2->n_touches && !l2->n_drops && !l2->stop)
 			pthread_cond_wait(&l2->wcv, &l2->mu);
@@ -581,6 +592,7 @@ int kvs_l2_open(const kvs_l2_config *cfg, kvs_l2 **ret)
 	l2->cfg = *cfg;
 	l2->ready.done = l2_ready;
 	l2->state_fd = -1;
+	l2->dir_lock = -1;
 	l2->fd = -1;
 	if (!l2->cfg.batch_max)
 		l2->cfg.batch_max = 256;
@@ -621,6 +633,14 @@ int kvs_l2_open(const kvs_l2_config *cfg, kvs_l2 **ret)
 		kvs_err("cannot open L2 at %s: %s", cfg->path, strerror(-rc));
 		goto err_free;
 	}
+	/* two servers on one environment would each take the other for a
+	 * crashed run and keep their own LRU and byte accounts */
+	char lockwhy[600];
+	if ((rc = kvs_dirlock_take(cfg->path, "l2.lock", "L2 directory", lockwhy, sizeof(lockwhy))) < 0) {
+		kvs_err("%s", lockwhy);
+		goto err_free;
+	}
+	l2->dir_lock = rc;
 	/* a corrupt environment never crash-loops: set it aside when the last
 	 * run(s) died in L2 work, or when it fails to open as damaged */
 	const char *why = NULL;
@@ -647,6 +667,11 @@ int kvs_l2_open(const kvs_l2_config *cfg, kvs_l2 **ret)
 	if (info.me_mapsize > l2->map_full + l2->psize) {
 		l2->cfg.size = info.me_mapsize - info.me_mapsize * RESERVE_PCT / (100 + RESERVE_PCT);
 		l2->map_full = info.me_mapsize;
+		kvs_warn("L2 %s: l2-size is %llu MiB but the existing file already holds data up to %llu MiB: kept at "
+			 "that size (LMDB does not move data down to shrink a file); to shrink it, stop the server and "
+			 "remove %s/data.mdb (its objects are lost), then start with the smaller l2-size",
+			 cfg->path, (unsigned long long)(cfg->size >> 20), (unsigned long long)(l2->cfg.size >> 20),
+			 cfg->path);
 	}
 	l2->map_now = info.me_mapsize;
 	kvs__l2_set_capacity(l2);
@@ -695,6 +720,7 @@ err_state:
 err_free:
 	if (l2->state_fd >= 0)
 		close(l2->state_fd);
+	kvs_dirlock_drop(l2->dir_lock);
 	free(l2->touches);
 	free(l2->drops);
 	pthread_rwlock_destroy(&l2->maplock);
@@ -732,6 +758,7 @@ void kvs_l2_close(kvs_l2 *l2)
 	pthread_cond_destroy(&l2->rcv);
 	pthread_mutex_destroy(&l2->state_mu);
 	pthread_mutex_destroy(&l2->mu);
+	kvs_dirlock_drop(l2->dir_lock); /* last: the environment is closed */
 	free(l2);
 }
 

@@ -102,6 +102,7 @@ struct kvs_l2 {
 	uint32_t n_evicted, cap_evicted;
 	/* crash-loop detection (l2_state) */
 	int state_fd;
+	int dir_lock; /* kvs_dirlock on the directory: one server per L2, held until kvs_l2_close's end */
 	pthread_mutex_t state_mu;
 	uint32_t txn_depth; /* write transactions open now (guarded by state_mu) */
 	bool committed;     /* a write transaction of this run has committed (state_mu) */

@@ -88,6 +88,7 @@ int kvs__call_req(kvs_client *c, kvs__req *r, kvs__waiter *w)
 		pthread_mutex_unlock(&w->mu);
 		e = w->res.code;
 	}
+	kvs__last_error_set("%s", e && e == w->res.code ? w->msg : ""); /* the server's text (kvs_last_error) */
 	pthread_cond_destroy(&w->cv);
 	pthread_mutex_destroy(&w->mu);
 	return e;
@@ -99,6 +100,8 @@ int kvs__call(kvs_client *c, kvs_msg *m, int timeout_ms, kvs__waiter *w)
 		return -EDEADLK;
 	kvs__req *r;
 	int e = kvs__req_new(c, m, timeout_ms, &r);
+	if (e)
+		kvs__last_error_set("%s", "");
 	return e ? e : kvs__call_req(c, r, w);
 }
 
@@ -122,15 +125,35 @@ static int set_curve(void *dealer, const kvs_client_config *cfg)
 	for (int i = 0; i < 3; i++)
 		if (!k[i] || strlen(k[i]) != 40) {
 			kvs_err("CURVE keys: the server key and this client's public and secret keys, 40 Z85 characters each");
+			kvs__last_error_set("CURVE keys: the server key and this client's public and secret keys, 40 Z85 "
+					    "characters each (key %d is not)", i);
 			return -EINVAL;
 		}
 	if (zmq_setsockopt(dealer, ZMQ_CURVE_SERVERKEY, k[0], 40) != 0 ||
 	    zmq_setsockopt(dealer, ZMQ_CURVE_PUBLICKEY, k[1], 40) != 0 ||
 	    zmq_setsockopt(dealer, ZMQ_CURVE_SECRETKEY, k[2], 40) != 0) {
 		kvs_err("CURVE keys refused by libzmq: %s", zmq_strerror(errno));
+		kvs__last_error_set("CURVE keys refused by libzmq: %s", zmq_strerror(errno));
 		return -EINVAL;
 	}
 	return 0;
+}
+
+/* An ipc:// endpoint's checks (kvs__reach_ipc), again every 20 ms for up
+ * to 3 s (or timeout_ms) while a server may be starting; the cause is
+ * logged and kept for kvs_last_error(). */
+static int reach_wait(const char *endpoint, int timeout_ms)
+{
+	uint64_t grace = timeout_ms > 0 && timeout_ms < 3000 ? (uint64_t)timeout_ms : 3000, t0 = kvs_now_ms();
+	char why[1400];
+	int r;
+	while ((r = kvs__reach_ipc(endpoint, why, sizeof(why))) < 0 && kvs_now_ms() - t0 < grace)
+		usleep(20000);
+	if (r < 0) {
+		kvs_err("open: %s", why);
+		kvs__last_error_set("%s", why);
+	}
+	return r;
 }
 
 int kvs_client_open(const kvs_client_config *cfg, kvs_client **ret)
@@ -153,6 +176,11 @@ int kvs_client_open(const kvs_client_config *cfg, kvs_client **ret)
 		snprintf(c->endpoint, sizeof(c->endpoint), "%s", cfg->endpoint);
 	else
 		snprintf(c->endpoint, sizeof(c->endpoint), "ipc://%s/kvside.zmq", c->broker_dir);
+	kvs__last_error_set("%s", "");
+	if ((r = reach_wait(c->endpoint, cfg->timeout_ms)) < 0) {
+		free(c);
+		return r;
+	}
 	snprintf(c->engine, sizeof(c->engine), "%s", cfg->engine);
 	snprintf(c->ns, sizeof(c->ns), "%s", cfg->ns);
 	c->role = cfg->role;
@@ -212,9 +240,11 @@ int kvs_client_open(const kvs_client_config *cfg, kvs_client **ret)
 		goto err_sock;
 	}
 	c->dealer_check = true;
+	kvs__monitor_start(c); /* tcp://: what the connection sees explains a time-out */
 	if (zmq_connect(c->dealer, c->endpoint) != 0) {
 		r = -EINVAL;
 		kvs_err("cannot connect to %s: %s", c->endpoint, zmq_strerror(errno));
+		kvs__last_error_set("cannot connect to %s: %s", c->endpoint, zmq_strerror(errno));
 		goto err_sock;
 	}
 	if ((r = pthread_create(&c->thr, NULL, kvs__io_main, c)) != 0) {
@@ -227,14 +257,27 @@ int kvs_client_open(const kvs_client_config *cfg, kvs_client **ret)
 	kvs__waiter w = {0};
 	r = kvs__call(c, &m, cfg->timeout_ms, &w);
 	if (r) {
+		char why[1400];
+		if (r == KVS_E_TIMEOUT && c->monitor)
+			kvs__monitor_explain(c, c->timeout_ms, why, sizeof(why));
+		else if (r == KVS_E_TIMEOUT)
+			snprintf(why, sizeof(why), "no answer from %s within %d ms", c->endpoint, c->timeout_ms);
+		else
+			snprintf(why, sizeof(why), "the server refused the hello: %s%s%s", kvs_error_name(r),
+				 w.res.msg && w.res.msg[0] ? ": " : "", w.res.msg ? w.res.msg : "");
+		kvs_err("open: %s", why);
+		kvs__last_error_set("%s", why);
+		kvs__monitor_stop(c);
 		kvs_client_close(c);
 		return r;
 	}
+	kvs__monitor_stop(c);
 	kvs__lane_wait_open(c);
 	*ret = c;
 	return 0;
 
 err_sock:
+	kvs__monitor_stop(c);
 	zmq_close(c->dealer);
 err_ctx:
 	zmq_ctx_term(c->zctx);
@@ -407,12 +450,15 @@ int kvs_lookup_async(kvs_client *c, const uint8_t *keys, uint32_t n_keys, bool p
 
 static int wait_async(kvs_client *c, int r, kvs__waiter *w)
 {
-	if (r)
+	if (r) {
+		kvs__last_error_set("%s", "");
 		return r;
+	}
 	pthread_mutex_lock(&w->mu);
 	while (!w->done)
 		pthread_cond_wait(&w->cv, &w->mu);
 	pthread_mutex_unlock(&w->mu);
+	kvs__last_error_set("%s", w->res.code ? w->msg : ""); /* the server's text (kvs_last_error) */
 	return w->res.code;
 }
 

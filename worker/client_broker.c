@@ -174,9 +174,18 @@ static int read_reply(kvs_client *c, int *ret_status)
 	size_t len = 0;
 	int fd, nfds = 0;
 	int r = kvs_fd_recv(c->broker.fd, rep, sizeof(rep), &len, &fd, 0, &nfds);
-	if (r == -ECONNRESET)
-		kvs_warn("the fd broker closed the connection without a reply (a server older "
-			 "than broker record version 2 does that; see its log)");
+	if (r == -ECONNRESET) {
+		struct ucred cr;
+		socklen_t cl = sizeof(cr);
+		if (getsockopt(c->broker.fd, SOL_SOCKET, SO_PEERCRED, &cr, &cl) == 0 && cr.uid != geteuid())
+			kvs_warn("the fd broker (kvside-server pid %d, uid %u) closed the connection without a reply: it "
+				 "admits only its own uid and its allow-uid, and this process runs as uid %u (start the "
+				 "server with allow-uid: %u, or run the engine as uid %u)", (int)cr.pid, (unsigned)cr.uid,
+				 (unsigned)geteuid(), (unsigned)geteuid(), (unsigned)cr.uid);
+		else
+			kvs_warn("the fd broker closed the connection without a reply (a server older "
+				 "than broker record version 2 does that; see its log)");
+	}
 	if (r)
 		return r;
 	return kvs_broker_rep_unpack(rep, len, ret_status);

@@ -176,6 +176,7 @@ struct kvs_client {
 
 	/* I/O thread only */
 	void *zctx, *dealer;
+	void *monitor; /* tcp:// only, during kvs_client_open: the PAIR end of the dealer's monitor (client_reach.c) */
 	/* The dealer's ZMQ_FD, which the I/O thread polls instead of calling
 	 * zmq_poll (a getpid and a poll of the dealer's own on every pass): it
 	 * only says that the socket's state may have changed, and a send or a
@@ -325,5 +326,16 @@ bool kvs__on_io_thread(kvs_client *c);
  * guarantees one, a timeout included). Returns the result's code. */
 int kvs__call_req(kvs_client *c, kvs__req *r, kvs__waiter *w);
 int kvs__call(kvs_client *c, kvs_msg *m, int timeout_ms, kvs__waiter *w);
+
+/* Reaching the server (client_reach.c). kvs__reach_ipc: 0, or a negative
+ * errno with the cause in why (directory missing, permission denied, no
+ * server listening); 0 for endpoints other than ipc://. The monitor watches
+ * a tcp:// dealer during kvs_client_open; explain turns what it saw into
+ * why. kvs__last_error_set sets this thread's kvs_last_error(). */
+int kvs__reach_ipc(const char *endpoint, char *why, size_t cap);
+int kvs__monitor_start(kvs_client *c);
+void kvs__monitor_explain(kvs_client *c, int timeout_ms, char *why, size_t cap);
+void kvs__monitor_stop(kvs_client *c);
+void kvs__last_error_set(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 #endif

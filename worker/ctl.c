@@ -539,11 +539,13 @@ int main(int argc, char **argv)
 		free(keys);
 		if (json)
 			printf("{\"ok\":false,\"code\":\"%s\",\"error\":\"server unreachable\"}\n",
-			       kvs_error_name(r));
+			       kvs_error_name(r)); /* the cause in words goes to stderr */
+		const char *why = kvs_last_error();
 		fprintf(stderr, "kvside-ctl: cannot reach kvside-server at %s: %s\n",
 			o.endpoint ? o.endpoint : (o.broker ? o.broker : "its default run directory"),
-			kvs_strerror(r));
-		return r == KVS_E_TIMEOUT || r == -EINVAL ? EXIT_UNREACHABLE : EXIT_SERVER;
+			why[0] ? why : kvs_strerror(r));
+		return r == KVS_E_TIMEOUT || r == -EINVAL || r == -ENOENT || r == -EACCES || r == -ECONNREFUSED
+			       ? EXIT_UNREACHABLE : EXIT_SERVER;
 	}
 	if (is_lookup)
 		rc = cmd_lookup(cl, keys, n_keys, (int)o.timeout);

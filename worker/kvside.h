@@ -41,12 +41,13 @@ extern "C" {
 #endif
 
 #define KVS_KEY_LEN 32 /**< bytes in a chunk key */
+#define KVS_REASON_LEN 129 /**< a job's reason: 128 bytes (the wire's bound) and its NUL */
 
 /** Version of the binary interface this header describes: the layout of its
  * structs and the signatures of its functions. It changes whenever either
  * does (a field added to a struct included), so that a binding mirroring the
  * structs (the Python one) can refuse a library it does not match. */
-#define KVS_ABI_VERSION 1
+#define KVS_ABI_VERSION 2
 
 /** KVS_ABI_VERSION as libkvside was built with it. */
 KVS_EXPORT unsigned kvs_abi_version(void);
@@ -97,11 +98,28 @@ typedef struct kvs_client_config {
 } kvs_client_config;
 
 /** Opens a session: starts the I/O thread and waits up to cfg->timeout_ms
- * for the hello reply.
- * @return 0 and *ret set, or #KVS_E_TIMEOUT (no server), a code from the
- * server's reply, -ENOMEM, -EINVAL (missing engine/ns). *ret untouched on
- * failure. */
+ * for the hello reply. An ipc:// endpoint is checked first, retried for up
+ * to 3 s (or timeout_ms if shorter) while a server may still be starting:
+ * its broker directory missing (-ENOENT), another user's (-EACCES), no
+ * server listening there, also behind a socket a dead server left
+ * (-ECONNREFUSED), each fails without waiting for the hello.
+ * @return 0 and *ret set, or one of those, #KVS_E_TIMEOUT (no answer: for
+ * tcp:// kvs_last_error() says what the connection saw, e.g. the CURVE key
+ * refused), a code from the server's reply, -ENOMEM, -EINVAL (missing
+ * engine/ns, bad CURVE keys). *ret untouched on failure; kvs_last_error()
+ * names the cause. */
 KVS_EXPORT int kvs_client_open(const kvs_client_config *cfg, kvs_client **ret);
+
+/** Why this thread's last blocking call failed, in words: for
+ * kvs_client_open the cause, naming the path, the user ids or the endpoint
+ * ("broker directory /run/kvside does not exist: ..."); for the blocking
+ * requests (kvs_store, kvs_retrieve, kvs_complete, kvs_lookup,
+ * kvs_job_status, kvs_job_wait's none, kvs_stats, kvs_admin) the server's
+ * text ("blocks[0] (group id 0): 3 ids given, expected 4 ..."), or "" where
+ * there is none. "" after a success. Thread-local; valid until the thread's
+ * next blocking call. The asynchronous calls leave it alone: their
+ * kvs_result carries msg. */
+KVS_EXPORT const char *kvs_last_error(void);
 
 /** Says bye (waiting at most 1 s), stops the I/O thread, fails requests still
  * pending with -ECANCELED, closes duplicated fds, frees. Accepts NULL. Must
@@ -125,7 +143,7 @@ typedef struct kvs_job_info_out {
 	uint64_t job;
 	int state;        /**< enum kvs_job_state */
 	uint32_t ranks_done;
-	char reason[64];
+	char reason[KVS_REASON_LEN]; /**< the job's reason, up to the wire's 128 bytes */
 } kvs_job_info_out;
 
 typedef struct kvs_stat_out {

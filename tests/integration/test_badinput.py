@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Hostile-input integration test for kvside-server (DESIGN.md §4, §10).
+"""Hostile-input integration test for kvside-server (docs/design.md §4, §10).
 
 Starts the real server, keeps one well-behaved DEALER client alive throughout
 (heartbeat + stats between every case, asserting both keep working and the

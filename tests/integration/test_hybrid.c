@@ -1,4 +1,4 @@
-/* Hybrid KV caches end to end (DESIGN §6): the real server, 4 real rank
+/* Hybrid KV caches end to end (docs/design.md §6): the real server, 4 real rank
  * processes with a hybrid layout (full attention, sliding-window attention,
  * three recurrent state groups; padded strides; gaps between views) and a
  * scheduler client. The test keeps a shared mapping of every rank's memfd

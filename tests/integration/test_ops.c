@@ -11,6 +11,7 @@
 #include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <time.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -342,7 +343,16 @@ START_TEST(metrics_scrape_and_health)
 	ck_assert(prom_get(&P, "kvside_l2_write_drops_total") == 0);
 	ck_assert(prom_get(&P, "kvside_aliases") >= 0);
 	ck_assert(prom_get(&P, "kvside_draining") == 0);
-	ck_assert(prom_get(&P, "kvside_build_info{version=\"0.1.0\"}") == 1);
+	/* which server answered: its pid and epoch label build_info, its start
+	 * and uptime are gauges (stats: server_*) */
+	char bi[160];
+	snprintf(bi, sizeof(bi), "kvside_build_info{version=\"0.1.0\",pid=\"%llu\",epoch=\"%016llx\"}",
+		 (unsigned long long)kvt_stat(w.sched, "server_pid"), (unsigned long long)kvt_stat(w.sched, "server_epoch"));
+	ck_assert_msg(prom_get(&P, bi) == 1, "missing %s", bi);
+	ck_assert(prom_get(&P, "kvside_uptime_seconds") > 0);
+	double started = prom_get(&P, "kvside_start_time_seconds");
+	ck_assert(started > 1.7e9 && started <= (double)time(NULL) + 1);
+	ck_assert_uint_eq(kvt_stat(w.sched, "server_version"), 1000); /* 0.1.0 */
 	double age = prom_get(&P, "kvside_main_loop_tick_age_seconds");
 	ck_assert(age >= 0 && age < 1.0);
 	/* the errors.* counters of stats are not exported twice */
@@ -550,7 +560,7 @@ START_TEST(ctl_exit_codes)
 	world_up(&w, "C");
 	/* 0 and the shape of the output */
 	CTL_EXPECT(0, "metrics_port", &w, "stats");
-	CTL_EXPECT(0, "{\"ok\":true,\"counters\":{\"sessions\":", &w, "stats", "--json");
+	CTL_EXPECT(0, "{\"ok\":true,\"counters\":{\"server_pid\":", &w, "stats", "--json");
 	CTL_EXPECT(0, "serving", &w, "status");
 	CTL_EXPECT(0, "Exit status", NULL, "--help");
 	CTL_EXPECT(0, "kvside-ctl 0.1.0", NULL, "--version");

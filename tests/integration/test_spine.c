@@ -7,6 +7,9 @@
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <errno.h>
+#include <sys/un.h>
+#include <sys/socket.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -151,18 +154,36 @@ START_TEST(many_clients)
 }
 END_TEST
 
-START_TEST(no_server_times_out)
+/* No server: the open fails within its time-out and says why
+ * (kvs_last_error); a listener that never answers the hello times out. */
+START_TEST(no_server_fails_fast)
 {
 	kvt_server s;
 	kvt_server_init(&s, NULL);
-	mkdir(s.run, 0700);
 	kvs_client_config cfg = {.broker_dir = s.run, .engine = "e", .ns = "n",
 				 .role = KVS_ROLE_WORKER, .rank = 0, .world = 1, .timeout_ms = 300};
 	kvs_client *c = NULL;
 	uint64_t t0 = kvt_now_ms();
-	ck_assert_int_eq(kvs_client_open(&cfg, &c), KVS_E_TIMEOUT);
+	ck_assert_int_eq(kvs_client_open(&cfg, &c), -ENOENT); /* no directory */
+	ck_assert_ptr_nonnull(strstr(kvs_last_error(), "does not exist"));
+	mkdir(s.run, 0700);
+	ck_assert_int_eq(kvs_client_open(&cfg, &c), -ECONNREFUSED); /* no socket */
+	ck_assert_ptr_nonnull(strstr(kvs_last_error(), "is not there"));
 	ck_assert_ptr_null(c);
 	ck_assert_uint_lt(kvt_now_ms() - t0, 2000);
+	/* something listens but never speaks ZMTP: the hello times out */
+	int l = socket(AF_UNIX, SOCK_STREAM, 0);
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	ck_assert_int_lt(strlen(s.run) + 12, sizeof(sa.sun_path));
+	memcpy(sa.sun_path, s.run, strlen(s.run));
+	memcpy(sa.sun_path + strlen(s.run), "/kvside.zmq", 12);
+	ck_assert_int_eq(bind(l, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	ck_assert_int_eq(listen(l, 8), 0);
+	t0 = kvt_now_ms();
+	ck_assert_int_eq(kvs_client_open(&cfg, &c), KVS_E_TIMEOUT);
+	ck_assert_ptr_nonnull(strstr(kvs_last_error(), "no answer from ipc://"));
+	ck_assert_uint_lt(kvt_now_ms() - t0, 2000);
+	close(l);
 	kvt_server_cleanup(&s);
 }
 END_TEST
@@ -176,7 +197,7 @@ static Suite *spine_suite(void)
 	tcase_add_test(tc, killed_client_is_reaped);
 	tcase_add_test(tc, server_restart_is_noticed);
 	tcase_add_test(tc, many_clients);
-	tcase_add_test(tc, no_server_times_out);
+	tcase_add_test(tc, no_server_fails_fast);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -35,7 +35,7 @@ MIRRORS = {
 # public structs the binding deliberately does not mirror (none today)
 NOT_MIRRORED = set()
 # binding value (a Python expression in the kvside module) -> C constant
-CONSTANTS = [("KEY_BYTES", "KVS_KEY_LEN"), ("ABI_VERSION", "KVS_ABI_VERSION"),
+CONSTANTS = [("KEY_BYTES", "KVS_KEY_LEN"), ("ABI_VERSION", "KVS_ABI_VERSION"), ("REASON_LEN", "KVS_REASON_LEN"),
              ("_E_BASE", "KVS_E_BASE"), ("len(ERROR_NAMES)", "KVS_E_LAST_ - KVS_E_BASE + 1")]
 CONSTANTS += [("%s + %d" % ("_E_BASE", i), "KVS_" + n) for i, n in enumerate(kvside.ERROR_NAMES)]
 for table, names in [("_ROLES", {"scheduler": "KVS_ROLE_SCHEDULER", "worker": "KVS_ROLE_WORKER"}),

@@ -133,6 +133,11 @@ START_TEST(format)
 	sample(&s, "errors.E_BADMSG", 4);   /* exported by op and code instead */
 	sample(&s, "requests", 9);          /* likewise */
 	sample(&s, "some.new-counter", 77); /* no family of its own */
+	sample(&s, "server_pid", 4321);     /* build_info's labels */
+	sample(&s, "server_epoch", 0xab12);
+	sample(&s, "server_version", 1002003);
+	sample(&s, "server_start_unix_ms", 1796400000500ull);
+	sample(&s, "server_uptime_ms", 2500);
 	s.requests[KVS_OP_STORE] = 5;
 	s.requests[KVS_OP_NONE] = 1;
 	s.errors[KVS_OP_STORE][KVS_E_NOSPACE - KVS_E_BASE] = 2;
@@ -140,7 +145,9 @@ START_TEST(format)
 	char *t = kvs_metrics_format(&s, 1234, "1.2.3");
 	ck_assert_ptr_nonnull(t);
 	static const char *const want[] = {
-		"kvside_build_info{version=\"1.2.3\"} 1\n",
+		"kvside_build_info{version=\"1.2.3\",pid=\"4321\",epoch=\"000000000000ab12\"} 1\n",
+		"\nkvside_start_time_seconds 1796400000.500000\n",
+		"\nkvside_uptime_seconds 2.500000\n",
 		"\nkvside_main_loop_tick_age_seconds 1.234\n",
 		"# TYPE kvside_requests_total counter\n",
 		"\nkvside_requests_total{op=\"store\"} 5\n",
@@ -159,6 +166,7 @@ START_TEST(format)
 	ck_assert_ptr_null(strstr(t, "job_done"));       /* a push, never a request */
 	ck_assert_ptr_null(strstr(t, "errors_E_BADMSG")); /* no duplicate of errors_total */
 	ck_assert_ptr_null(strstr(t, "kvside_stat_requests"));
+	ck_assert_ptr_null(strstr(t, "kvside_stat_server_")); /* pid, epoch, version: labels of build_info */
 	ck_assert_ptr_null(strstr(t, "kvside_l2_queue_depth")); /* absent counters: no family */
 	free(t);
 }

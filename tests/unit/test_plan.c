@@ -373,22 +373,22 @@ START_TEST(check_lists)
 		/* list count */
 		r.m.blocks.n = 1;
 		EXPECT(kvs_plan_check(f.P, &f.g, &r.m, &pl), KVS_E_GEOMETRY);
-		ERR_HAS("1 lists for 2 groups");
+		ERR_HAS("1 lists given, the registration has 2 groups");
 		r.m.blocks.n = 3;
 		r.m.blocks.ids[2] = b;
 		r.m.blocks.len[2] = 2;
 		EXPECT(kvs_plan_check(f.P, &f.g, &r.m, &pl), KVS_E_GEOMETRY);
-		ERR_HAS("3 lists for 2 groups");
+		ERR_HAS("3 lists given, the registration has 2 groups");
 		r.m.blocks.n = 2;
 
 		/* list length: keys x blocks per chunk */
 		r.m.blocks.len[0] = 3;
 		EXPECT(kvs_plan_check(f.P, &f.g, &r.m, &pl), KVS_E_GEOMETRY);
-		ERR_HAS("blocks[0]: 3 ids, expected 4");
+		ERR_HAS("blocks[0] (group id 7): 3 ids given, expected 4 (2 keys x 2 blocks per chunk)");
 		r.m.blocks.len[0] = 4;
 		r.m.blocks.len[1] = 3;
 		EXPECT(kvs_plan_check(f.P, &f.g, &r.m, &pl), KVS_E_GEOMETRY);
-		ERR_HAS("blocks[1]: 3 ids, expected 2");
+		ERR_HAS("blocks[1] (group id 9): 3 ids given, expected 2 (2 keys x 1 blocks per chunk)");
 		r.m.blocks.len[1] = 2;
 
 		/* ids out of range (A: 0..15, null 0; B: 0..7, null -1) */

@@ -41,7 +41,9 @@ KEY_BYTES = 32
 # kvside.h's KVS_ABI_VERSION: the struct layouts mirrored below (the unit test
 # ctypes_layout compares them with the header); a library built with another
 # is refused at import
-ABI_VERSION = 1
+ABI_VERSION = 2
+# kvside.h's KVS_REASON_LEN: a job's reason and its NUL
+REASON_LEN = 129
 
 # kvs_error.h: the project codes, from KVS_E_BASE = -20000 upwards, in order
 ERROR_NAMES = ["E_BADMSG", "E_VERSION", "E_UNKNOWN_OP", "E_LIMIT", "E_SESSION", "E_AUTH",
@@ -84,7 +86,7 @@ _ClientConfig._fields_ = [
 
 class _JobInfoOut(ctypes.Structure):
     _fields_ = [("job", ctypes.c_uint64), ("state", ctypes.c_int), ("ranks_done", ctypes.c_uint32),
-                ("reason", ctypes.c_char * 64)]
+                ("reason", ctypes.c_char * REASON_LEN)]
 
 
 class _StatOut(ctypes.Structure):
@@ -168,6 +170,7 @@ def _load():
     sigs = {
         "kvs_abi_version": (ctypes.c_uint, []),
         "kvs_client_open": (i32, [ctypes.POINTER(_ClientConfig), ctypes.POINTER(P)]),
+        "kvs_last_error": (ctypes.c_char_p, []),
         "kvs_client_close": (None, [P]),
         "kvs_client_session": (u64, [P]),
         "kvs_client_reconnects": (u64, [P]),
@@ -249,6 +252,14 @@ class KvsideError(Exception):
 def _check(code, op, detail=""):
     if code:
         raise KvsideError(code, op, detail)
+
+
+def _check_sync(code, op):
+    """_check for libkvside's blocking requests: the error carries the
+    server's text (kvs_last_error), e.g. which block list has the wrong
+    length."""
+    if code:
+        raise KvsideError(code, op, _lib.kvs_last_error().decode("utf-8", "replace"))
 
 
 # ---- values --------------------------------------------------------------------------------
@@ -468,7 +479,9 @@ class Client:
                             _ROLES[role], rank, world, timeout_ms, self._event_fn, None,
                             self._strings[4], self._strings[5], self._strings[6])
         c = ctypes.c_void_p()
-        _check(_lib.kvs_client_open(ctypes.byref(cfg), ctypes.byref(c)), "open")
+        r = _lib.kvs_client_open(ctypes.byref(cfg), ctypes.byref(c))
+        if r:
+            raise KvsideError(r, "open", _lib.kvs_last_error().decode("utf-8", "replace"))
         self._c = c
         self.engine, self.namespace, self.role, self.rank, self.world = (
             engine, namespace, role, rank, world)
@@ -651,7 +664,7 @@ class Client:
                 ev = ctypes.cast(raw, ctypes.POINTER(ctypes.c_uint8))
             opts = _StoreOpts(bool(lazy), ev, len(producer_event or b""), opts.event_hashes if opts else None)
         st = ctypes.c_int(-1)
-        _check(_lib.kvs_store(self._h(), job, kb, n, ctypes.byref(bl),
+        _check_sync(_lib.kvs_store(self._h(), job, kb, n, ctypes.byref(bl),
                               ctypes.byref(opts) if opts else None, timeout_ms, ctypes.byref(st)), "store")
         return _STATES[st.value]
 
@@ -661,7 +674,7 @@ class Client:
         kb, n = _keys_arg(keys)
         bl, keep = _blocks_arg(blocks)
         st = ctypes.c_int(-1)
-        _check(_lib.kvs_retrieve(self._h(), job, kb, n, ctypes.byref(bl), skip_tokens, timeout_ms,
+        _check_sync(_lib.kvs_retrieve(self._h(), job, kb, n, ctypes.byref(bl), skip_tokens, timeout_ms,
                                  ctypes.byref(st)), "retrieve")
         del keep
         return _STATES[st.value]
@@ -669,7 +682,7 @@ class Client:
     def complete(self, job, ok=True, timeout_ms=0):
         """This rank's part of job is done (ok or failed); returns the state."""
         st = ctypes.c_int(-1)
-        _check(_lib.kvs_complete(self._h(), job, bool(ok), timeout_ms, ctypes.byref(st)), "complete")
+        _check_sync(_lib.kvs_complete(self._h(), job, bool(ok), timeout_ms, ctypes.byref(st)), "complete")
         return _STATES[st.value]
 
     def lookup(self, keys, prefetch=False, pin_ms=0, timeout_ms=0):
@@ -677,7 +690,7 @@ class Client:
         kb, n = _keys_arg(keys)
         hits = ctypes.c_uint64()
         tiers = (ctypes.c_uint8 * max(n, 1))()
-        _check(_lib.kvs_lookup(self._h(), kb, n, bool(prefetch), pin_ms, timeout_ms, ctypes.byref(hits),
+        _check_sync(_lib.kvs_lookup(self._h(), kb, n, bool(prefetch), pin_ms, timeout_ms, ctypes.byref(hits),
                                tiers), "lookup")
         return Lookup(hits.value, [_TIERS[tiers[i]] for i in range(hits.value)])
 
@@ -745,7 +758,7 @@ class Client:
         cap = 1024
         out = (_JobInfoOut * cap)()
         n = ctypes.c_uint32()
-        _check(_lib.kvs_job_status(self._h(), arr, len(ids), timeout_ms, out, cap, ctypes.byref(n)),
+        _check_sync(_lib.kvs_job_status(self._h(), arr, len(ids), timeout_ms, out, cap, ctypes.byref(n)),
                "job_status")
         return [JobInfo(out[i].job, _STATES[out[i].state], out[i].ranks_done,
                         out[i].reason.decode("utf-8", "replace")) for i in range(n.value)]
@@ -761,7 +774,7 @@ class Client:
         cap = 256
         out = (_StatOut * cap)()
         n = ctypes.c_uint32()
-        _check(_lib.kvs_stats(self._h(), timeout_ms, out, cap, ctypes.byref(n)), "stats")
+        _check_sync(_lib.kvs_stats(self._h(), timeout_ms, out, cap, ctypes.byref(n)), "stats")
         return {out[i].name.decode(): out[i].value for i in range(n.value)}
 
     def admin(self, cmd, wait_ms=0, timeout_ms=0):
