@@ -428,6 +428,12 @@ void kvs_config_print(FILE *f, const kvs_server_config *cfg)
 	for (const kvs_config_key *k = keys; k->name; k++) {
 		char buf[600];
 		kvs_config_format(cfg, k, buf, sizeof(buf));
+		if (strcmp(k->name, "l3-password") == 0 && buf[0]) {
+			/* a secret: said to be set, never printed (the output is
+			 * pasted into tickets and logs) */
+			fprintf(f, "# l3-password: set, not printed\n");
+			continue;
+		}
 		fprintf(f, "%s: ", k->name);
 		if (k->type == KVS_CFG_STR)
 			print_quoted(f, buf);

@@ -390,6 +390,14 @@ START_TEST(command_line_overrides_file)
 	const char *a7[] = {"--config", "/nonexistent.yaml", NULL};
 	ck_assert_int_eq(run_server(out, sizeof(out), a7), 2);
 	ck_assert_ptr_nonnull(strstr(out, "/nonexistent.yaml"));
+	/* a secret is said to be set, never printed */
+	const char *a8[] = {"--config", f, "--l3-password", "s3cret-word", "--print-config", NULL};
+	ck_assert_int_eq(run_server(out, sizeof(out), a8), 0);
+	ck_assert_ptr_nonnull(strstr(out, "\n# l3-password: set, not printed\n"));
+	ck_assert_ptr_null(strstr(out, "s3cret-word"));
+	const char *a9[] = {"--config", f, "--print-config", NULL};
+	ck_assert_int_eq(run_server(out, sizeof(out), a9), 0);
+	ck_assert_ptr_nonnull(strstr(out, "\nl3-password: \"\"\n"));
 }
 END_TEST
 
