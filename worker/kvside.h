@@ -302,7 +302,14 @@ typedef struct kvs_store_opts {
  * are copied before return. Requests leave in the order queued, so a rank may
  * queue its store/retrieve and then its complete without waiting for the
  * first reply, and wait for the job with kvs_job_wait (one round trip less
- * per job; protocol.md §6.9). */
+ * per job; protocol.md §6.9).
+ *
+ * Job ids: a job is (this client's engine, job). The server remembers the
+ * ids of its last terminal-jobs (65,536) ended jobs for the life of its
+ * process, to answer repeats: an id reused for other work in one server run
+ * gets that job's old state, or #KVS_E_JOB_CONFLICT ("job J ended earlier
+ * with other content ..."). Take a random 64-bit base per process plus a
+ * counter (protocol.md §9.5). */
 KVS_EXPORT int kvs_store_async(kvs_client *c, uint64_t job, const uint8_t *keys, uint32_t n_keys,
 			       const kvs_blocks *blocks, const kvs_store_opts *opts, int timeout_ms,
 			       kvs_done_fn done, void *arg);
