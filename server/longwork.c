@@ -38,6 +38,8 @@ static void *prefault_main(void *arg)
 		atomic_store(&srv->prefault_active, false);
 		return NULL;
 	}
+	/* said here, not at the thread's start: the CUDA engine may take over */
+	kvs_info("L1 prefault: faulting in %llu MiB in the background (the server serves meanwhile)", MIB(size));
 	for (uint64_t off = 0; off < size && !atomic_load(&srv->prefault_stop); off += slice) {
 		/* a register in the CUDA driver goes first (issue 18): populating
 		 * holds the mmap lock its mapping calls need */
@@ -59,11 +61,8 @@ void kvs__prefault_start(kvs_server *srv)
 		srv->prefault_started = true;
 	else
 		atomic_store(&srv->prefault_active, false);
-	if (srv->prefault_started) {
+	if (srv->prefault_started) /* the thread says when it begins (or that it is skipped) */
 		srv->lw_prefault = (kvs_progress){.on = true, .t0_ms = srv->now_ms, .next_ms = srv->now_ms + KVS_PROGRESS_MS};
-		kvs_info("L1 prefault: faulting in %llu MiB in the background (the server serves meanwhile)",
-			 MIB(srv->cfg.l1_size));
-	}
 }
 
 void kvs__prefault_stop(kvs_server *srv)
@@ -103,11 +102,9 @@ static void pin_tick(kvs_server *srv)
 		return;
 	kvs_cuda_stats st = {0};
 	kvs_cuda_get_stats(srv->cuda, &st);
-	if (!p->on) {
+	if (!p->on) { /* its start: the CUDA engine's own line ("pinning N MiB of L1 in the background") */
 		*p = (kvs_progress){.on = true, .t0_ms = srv->now_ms, .next_ms = srv->now_ms + KVS_PROGRESS_MS,
 				    .done0 = st.pinned_bytes};
-		kvs_info("L1 pinning for the GPU: %llu MiB in the background (copies go on meanwhile)",
-			 MIB(srv->cfg.l1_size));
 		return;
 	}
 	uint64_t ms = srv->now_ms - p->t0_ms, done = st.pinned_bytes - p->done0;
