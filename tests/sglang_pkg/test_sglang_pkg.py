@@ -39,7 +39,8 @@ Cases:
   own pool with other bytes: a set of both ranks is visible and fetched
   byte-exact on each, a set only rank 0 sends never is;
 - L2: the server restarted on its L2 directory, the same backend finds the
-  pages and fetches them byte-exact (it re-registers by itself);
+  pages and fetches them byte-exact (it re-registers by itself), for every
+  pool below;
 - the server killed: batch_exists answers 0 and batch_get_v1 all False
   within the backend's time-outs (lookup_timeout_ms, load_timeout_ms, then
   the wait for the job's end, store_wait_ms), nothing hangs;
@@ -47,6 +48,14 @@ Cases:
   allocators; a private tensor is) and a refused layout: clear errors;
 - the interface: every method of the installed HiCacheStorage that SGLang
   calls is overridden with a signature SGLang's call sites fit (inspect).
+- L2 after a restart and the server killed for every MHA layout and MLA
+  with both allocators, and for the Mamba and SWA pools;
+- SGLang's HiCacheController itself (ControllerTest): its backup, prefetch
+  and prefetch I/O threads calling the backend, over SGLang's CPU device
+  pool; L2 after a restart; the server killed between the hit query and the
+  transfer. Substitutes there: the host pool unpinned (pinning calls CUDA)
+  and the radix cache's part of a prefetch done by the test (SGLang's
+  UnifiedRadixCache needs a running scheduler).
 
 Environment: KVSIDE_LIB, KVS_SERVER; run by run.sh with the environment's
 python (exit 77 when there is none: tests/sglang_pkg/run.sh).
@@ -264,46 +273,64 @@ class PkgTest(unittest.TestCase):
                 finally:
                     be.close()
 
+    def every_pool(self, srv, **extra):
+        """[(tag, pool, backend)] for every MHA layout and MLA, each with both
+        allocators, attached to srv, each with its pages round-tripped."""
+        out = []
+        kinds = [(l, a, False) for l in MHA_LAYOUTS for a in ALLOCATORS] + [("page_first", a, True) for a in ALLOCATORS]
+        for n, (layout, allocator, mla) in enumerate(kinds):
+            pool = (mla_pool if mla else mha_pool)(layout, allocator)
+            fill_random(pool, 300 + n)
+            be = attach(srv.run, pool, allocator, mla=mla, **extra)
+            self.addCleanup(be.close)
+            tag = "%s-%s-%s" % ("mla" if mla else "mha", layout, allocator)
+            keys, src, dst = self.roundtrip(pool, be, tag)
+            out.append((tag, pool, be, keys, src, dst))
+        return out
+
     def test_l2_after_restart(self):
         srv = self.server(l2=True, l2_sync="full")
-        pool = mha_pool("page_first", "shm")
-        fill_random(pool, 11)
-        be = attach(srv.run, pool, "shm")
-        try:
-            keys, src, dst = self.roundtrip(pool, be, "l2")
-            srv.stop()
-            srv.start()
-            for p in pages(pool, dst):
-                pool.get_data_page(p, flat=False).view(torch.uint8).fill_(0)
-            deadline = time.monotonic() + 20
-            while be.batch_exists(keys) != 3 and time.monotonic() < deadline:
-                time.sleep(0.1)
-            self.assertEqual(be.batch_exists(keys), 3, "pages not found in L2 after the restart")
-            self.assertEqual(be.batch_get_v1(keys, dst), [True] * 3)
-            self.assertEqual(differing_pages(pool, src, dst), [], "pages differ after the restart")
-        finally:
-            be.close()
+        pools = self.every_pool(srv)
+        srv.stop()
+        srv.start()
+        for tag, pool, be, keys, src, dst in pools:
+            with self.subTest(pool=tag):
+                for p in pages(pool, dst):
+                    pool.get_data_page(p, flat=False).view(torch.uint8).fill_(0)
+                deadline = time.monotonic() + 20
+                while be.batch_exists(keys) != 3 and time.monotonic() < deadline:
+                    time.sleep(0.1)  # the backend re-registers by itself
+                self.assertEqual(be.batch_exists(keys), 3, "pages not found in L2 after the restart")
+                self.assertEqual(be.batch_get_v1(keys, dst), [True] * 3)
+                self.assertEqual(differing_pages(pool, src, dst), [], "pages differ after the restart")
 
     def test_server_killed(self):
         # a get that timed out waits for its job to end (up to store_wait_ms:
         # a live but slow server may still write into the pages); a killed
         # server cannot be told from a stopped one, so that wait runs out.
         # The deadlines are the documented pair, shortened: store_wait_ms
-        # above the server's --job-deadline-ms.
+        # above the server's --job-deadline-ms. Every pool's calls at once
+        # (threads, as SGLang's ranks and controllers would), then each
+        # checked.
+        import threading
         srv = self.server(extra=("--job-deadline-ms", "3000"))
-        pool = mha_pool("layer_first", "shm")
-        fill_random(pool, 13)
-        be = attach(srv.run, pool, "shm", timeout_ms=2000, lookup_timeout_ms=500, load_timeout_ms=2000,
-                    store_wait_ms=4000)
-        try:
-            keys, src, dst = self.roundtrip(pool, be, "kill")
-            srv.kill()
-            t0 = time.monotonic()
-            self.assertEqual(be.batch_exists(keys), 0)
-            self.assertEqual(be.batch_get_v1(keys, dst), [False] * 3)
-            self.assertLess(time.monotonic() - t0, 12, "calls waited past their time-outs")
-        finally:
-            be.close()
+        pools = self.every_pool(srv, timeout_ms=2000, lookup_timeout_ms=500, load_timeout_ms=2000,
+                                store_wait_ms=4000)
+        srv.kill()
+        res = {}
+
+        def calls(tag, be, keys, dst):
+            res[tag] = (be.batch_exists(keys), be.batch_get_v1(keys, dst))
+        t0 = time.monotonic()
+        threads = [threading.Thread(target=calls, args=(tag, be, keys, dst)) for tag, _, be, keys, _, dst in pools]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        self.assertLess(time.monotonic() - t0, 20, "calls waited past their time-outs")
+        for tag, *_ in pools:
+            with self.subTest(pool=tag):
+                self.assertEqual(res.get(tag), (0, [False] * 3))
 
     def test_tp2(self):
         import multiprocessing as mp
@@ -339,12 +366,44 @@ class PkgTest(unittest.TestCase):
             self.assertTrue(res["exact"], "rank %d: its own heads differ after the get" % r)
         self.assertEqual(results[0]["lone_set"], [False])
 
+    MODES = ("live", "l2", "killed")
+
+    def mode_server(self, mode):
+        """The server of a hybrid case: plain, with an L2 restarted after the
+        sets, or killed after them (the documented time-out pair, shortened
+        as in test_server_killed); (server, backend extra config)."""
+        if mode == "l2":
+            return self.server(l2=True, l2_sync="full"), {}
+        if mode == "killed":
+            return self.server(extra=("--job-deadline-ms", "3000")), dict(
+                timeout_ms=2000, lookup_timeout_ms=500, load_timeout_ms=2000, store_wait_ms=4000)
+        return self.server(), {}
+
+    def upset(self, srv, be, mode, keys):
+        """After the sets: restart (waiting until the backend finds the KV
+        pages again) or kill."""
+        if mode == "l2":
+            srv.stop()
+            srv.start()
+            deadline = time.monotonic() + 20
+            while be.batch_exists(keys) != len(keys) and time.monotonic() < deadline:
+                time.sleep(0.1)
+        elif mode == "killed":
+            srv.kill()
+
     def test_hybrid_mamba(self):
         """A hybrid model's pools as SGLang registers them (the anchor, then
         every entry through v2) and its v2 calls: states set at a prefix end
         with the KV pages, batch_exists_v2 with the trailing-pages policy,
-        the state fetched into another slot byte-exact (temporal and conv)."""
-        srv = self.server()
+        the state fetched into another slot byte-exact (temporal and conv);
+        again from L2 after a restart, and against a killed server (nothing
+        found, nothing fetched, nothing hangs)."""
+        for mode in self.MODES:
+            with self.subTest(mode=mode):
+                srv, extra = self.mode_server(mode)
+                self.mamba_case(srv, mode, extra)
+
+    def mamba_case(self, srv, mode, extra):
         pool = mha_pool("page_first", "shm")
         fill_random(pool, 17)
         layers, slots = 2, 8
@@ -355,26 +414,32 @@ class PkgTest(unittest.TestCase):
         mp.temporal_buffer.normal_()
         for c in mp.conv_buffer:
             c.normal_()
-        be = attach(srv.run, pool, "shm", side={hs.PoolName.MAMBA: mp})
+        be = attach(srv.run, pool, "shm", side={hs.PoolName.MAMBA: mp}, **extra)
         try:
-            keys = ["hy-0", "hy-1", "hy-2"]
+            keys = ["hy-%s-%d" % (mode, i) for i in range(3)]
             kv_src, slot = pool.alloc(3 * PAGE), mp.alloc(1)
             trailing = hs.PoolHitPolicy.TRAILING_PAGES
             # a write-through: the side pools, then the KV pages
             set_t = hs.PoolTransfer(name=hs.PoolName.MAMBA, host_indices=slot, keys=keys[-1:], hit_policy=trailing)
             self.assertEqual(list(be.batch_set_v2([set_t]).values()), [[True]])
             self.assertEqual(be.batch_set_v1(keys, kv_src), [True] * 3)
+            self.upset(srv, be, mode, keys)
+            t0 = time.monotonic()
+            ok = mode != "killed"
             r = be.batch_exists_v2(keys, [hs.PoolTransfer(name=hs.PoolName.MAMBA, keys=keys[-1:],
                                                           hit_policy=trailing)])
-            self.assertEqual(r.kv_hit_pages, 3)
+            self.assertEqual(r.kv_hit_pages, 3 if ok else 0)
             # no state at the end of two pages: nothing SGLang could restore
             r = be.batch_exists_v2(keys[:2], [hs.PoolTransfer(name=hs.PoolName.MAMBA, keys=keys[1:2],
                                                               hit_policy=trailing)])
             self.assertEqual(r.kv_hit_pages, 0)
             kv_dst, slot2 = pool.alloc(3 * PAGE), mp.alloc(1)
-            self.assertEqual(be.batch_get_v1(keys, kv_dst), [True] * 3)
+            self.assertEqual(be.batch_get_v1(keys, kv_dst), [ok] * 3)
             get_t = hs.PoolTransfer(name=hs.PoolName.MAMBA, host_indices=slot2, keys=keys[-1:], hit_policy=trailing)
-            self.assertEqual(list(be.batch_get_v2([get_t]).values()), [[True]])
+            self.assertEqual(list(be.batch_get_v2([get_t]).values()), [[ok]])
+            self.assertLess(time.monotonic() - t0, 30, "calls waited past their time-outs")
+            if not ok:
+                return
             a, b = int(slot[0]), int(slot2[0])
             self.assertNotEqual(a, b)
             self.assertTrue(torch.equal(mp.temporal_buffer[a], mp.temporal_buffer[b]), "temporal state differs")
@@ -388,28 +453,39 @@ class PkgTest(unittest.TestCase):
         """An SWA model's window pool (an MHATokenToKVPoolHost of its own,
         as SGLang's hybrid pool assembler builds it) through the v2 calls: a
         window of two pages set at the prefix end, batch_exists_v2 with the
-        trailing-pages policy, the window fetched into other pages exact."""
-        srv = self.server()
+        trailing-pages policy, the window fetched into other pages exact;
+        again from L2 after a restart, and against a killed server."""
+        for mode in self.MODES:
+            with self.subTest(mode=mode):
+                srv, extra = self.mode_server(mode)
+                self.swa_case(srv, mode, extra)
+
+    def swa_case(self, srv, mode, extra):
         pool, swa = mha_pool("page_first", "shm"), mha_pool("page_first", "shm")
         fill_random(pool, 19)
         fill_random(swa, 23)
-        be = attach(srv.run, pool, "shm", side={hs.PoolName.SWA: swa})
+        be = attach(srv.run, pool, "shm", side={hs.PoolName.SWA: swa}, **extra)
         try:
             trailing = hs.PoolHitPolicy.TRAILING_PAGES
-            keys = ["sw-%d" % i for i in range(4)]
+            keys = ["sw-%s-%d" % (mode, i) for i in range(4)]
             kv_src, win_src = pool.alloc(4 * PAGE), swa.alloc(2 * PAGE)
             set_t = hs.PoolTransfer(name=hs.PoolName.SWA, host_indices=win_src, keys=keys[-2:], hit_policy=trailing)
             self.assertEqual(list(be.batch_set_v2([set_t]).values()), [[True, True]])
             self.assertEqual(be.batch_set_v1(keys, kv_src), [True] * 4)
+            self.upset(srv, be, mode, keys)
+            t0 = time.monotonic()
+            ok = mode != "killed"
             ask = [hs.PoolTransfer(name=hs.PoolName.SWA, keys=keys[-2:], hit_policy=trailing)]
-            self.assertEqual(be.batch_exists_v2(keys, ask).kv_hit_pages, 4)
+            self.assertEqual(be.batch_exists_v2(keys, ask).kv_hit_pages, 4 if ok else 0)
             # the window ending at page 3 holds page 1, which the SWA pool lacks
             ask = [hs.PoolTransfer(name=hs.PoolName.SWA, keys=keys[1:3], hit_policy=trailing)]
             self.assertEqual(be.batch_exists_v2(keys[:3], ask).kv_hit_pages, 0)
             win_dst = swa.alloc(2 * PAGE)
             get_t = hs.PoolTransfer(name=hs.PoolName.SWA, host_indices=win_dst, keys=keys[-2:], hit_policy=trailing)
-            self.assertEqual(list(be.batch_get_v2([get_t]).values()), [[True, True]])
-            self.assertEqual(differing_pages(swa, win_src, win_dst), [], "window pages differ")
+            self.assertEqual(list(be.batch_get_v2([get_t]).values()), [[ok, ok]])
+            self.assertLess(time.monotonic() - t0, 30, "calls waited past their time-outs")
+            if ok:
+                self.assertEqual(differing_pages(swa, win_src, win_dst), [], "window pages differ")
         finally:
             be.close()
 
@@ -452,6 +528,147 @@ class PkgTest(unittest.TestCase):
                 self.assertEqual(len(have), len(want), "%s takes other parameters than SGLang's" % name)
         for name in [n for n, v in vars(base).items() if callable(v) and getattr(v, "__isabstractmethod__", False)]:
             self.assertIn(name, vars(KvsideStorage), "abstract %s not overridden" % name)
+
+
+class ControllerTest(unittest.TestCase):
+    """SGLang's own HiCacheController drives the backend: attached through
+    its attach_storage_backend ("dynamic", the README's extra config), its
+    backup thread calls batch_set_v1 for write_storage, its prefetch thread
+    batch_exists with the page hashes SGLang computes (get_storage_hash_str),
+    its prefetch I/O thread batch_get_v1, and its sync thread acknowledges.
+    The device pool is SGLang's MHATokenToKVPool on the CPU with its paged
+    allocator, the host pool built from its buffer info. Substitutes: the
+    host pool is not pinned (pin_memory=False: pinning calls CUDA), and the
+    test does the radix cache's part of a prefetch (drain the hit queue,
+    allocate host pages for the hit, queue the transfer): SGLang's
+    UnifiedRadixCache needs a running scheduler."""
+
+    @classmethod
+    def setUpClass(cls):
+        import tempfile
+        import torch.distributed as dist
+        from sglang.srt.runtime_context import get_context, get_parallel
+        cls.args = get_context().override_server_args(device="cpu", page_size=PAGE)
+        cls.args.install()
+        get_parallel().override_permanently(tp_rank=0, pp_rank=0, attn_dcp_rank=0)
+        cls.tmp = tempfile.mkdtemp(prefix="kvt-sgl-cc-")
+        dist.init_process_group("gloo", init_method="file://" + os.path.join(cls.tmp, "init"), rank=0, world_size=1)
+
+    @classmethod
+    def tearDownClass(cls):
+        import torch.distributed as dist
+        from sglang.srt.runtime_context import get_parallel
+        dist.destroy_process_group()
+        get_parallel().clear_stamp()
+        cls.args.restore()
+
+    def setUp(self):
+        self.servers = []
+
+    def tearDown(self):
+        for s in self.servers:
+            s.stop()
+
+    def controller(self, srv, **extra):
+        import threading
+        import torch.distributed as dist
+        from sglang.srt.managers.cache_controller import HiCacheController
+        from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
+        from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+        dev = MHATokenToKVPool(TOKENS, PAGE, torch.bfloat16, HEADS, HEAD_DIM, LAYERS, "cpu", False)
+        alloc = PagedTokenToKVPoolAllocator(TOKENS, PAGE, torch.bfloat16, "cpu", dev, False)
+        host = MHATokenToKVPoolHost(dev._mha_buffer_info(), 2.0, 0, PAGE, "page_first", pin_memory=False,
+                                    device="cpu", allocator_type="shm", device_capacity_tokens=dev.size,
+                                    start_layer=0, end_layer=LAYERS)
+        cfg = {"backend_name": "kvside", "module_path": "kvside.sglang", "class_name": "KvsideStorage",
+               "interface_v1": 1, "allocator": "shm", "broker_dir": srv.run}
+        cfg.update(extra)
+        cc = HiCacheController(alloc, host, PAGE, dist.group.WORLD, threading.Event(), storage_backend="dynamic",
+                               storage_backend_extra_config=cfg, model_name="kvt-model", prefetch_threshold=PAGE,
+                               io_backend="direct")
+        self.addCleanup(cc.detach_storage_backend)
+        self.assertEqual(cc.page_set_func.__name__, "_page_set_zero_copy")  # interface_v1 taken
+        fill_random(host, 21)
+        return cc, host
+
+    def backup(self, cc, host, tokens):
+        """write_storage of len(tokens) host tokens; (host indices, tokens the backup thread stored)."""
+        from sglang.srt.mem_cache.utils import get_storage_hash_str
+        idx = host.alloc(len(tokens))
+        cc.write_storage(idx, tokens, hash_value=get_storage_hash_str(tokens, None, page_size=PAGE))
+        return idx, cc.ack_backup_queue.get(timeout=60).completed_tokens
+
+    def prefetch(self, cc, host, rid, tokens, between=None):
+        """A prefetch through the controller's threads; the radix cache's part
+        done here. between() runs after the hit query, before the transfer.
+        (hit tokens, host indices or None, tokens fetched)."""
+        cc.prefetch(rid, tokens)
+        hit = cc.prefetch_hit_queue.get(timeout=60)
+        self.assertIs(hit.request_id, rid)
+        if hit.storage_hit_count == 0:
+            return 0, None, 0
+        if between:
+            between()
+        dst = cc.alloc_prefetch_host_buffers(hit, hit.storage_hit_count)
+        for p in pages(host, dst):
+            host.get_data_page(p, flat=False).view(torch.uint8).fill_(0xEE)
+        hit.host_indices = dst
+        cc.prefetch_buffer.put(hit)
+        got = 0
+        while True:  # the acks carry the rank-agreed progress (the radix cache copies it)
+            ack = cc.ack_prefetch_queue.get(timeout=60)
+            if ack.completed_tokens is not None:
+                got = ack.completed_tokens
+            if ack.completed_req:
+                return hit.storage_hit_count, dst, got
+
+    def test_backup_and_prefetch(self):
+        srv = Server("--allow-unsealed-memory", "true", l2=True, l2_sync="full")
+        srv.start()
+        self.servers.append(srv)
+        cc, host = self.controller(srv)
+        tokens = list(range(5000, 5000 + 4 * PAGE))
+        src, stored = self.backup(cc, host, tokens)
+        self.assertEqual(stored, 4 * PAGE)
+        hit, dst, got = self.prefetch(cc, host, "rid-1", tokens + [1, 2, 3, 4, 5, 6, 7, 8])
+        self.assertEqual((hit, got), (4 * PAGE, 4 * PAGE))  # the stored prefix, not the unknown tail
+        self.assertEqual(differing_pages(host, src, dst), [], "prefetched pages differ")
+        self.assertEqual(self.prefetch(cc, host, "rid-2", [9] * (2 * PAGE))[0], 0)  # never stored: a miss
+        # the server restarted on its L2: the controller finds and fetches the pages again
+        srv.stop()
+        srv.start()
+        deadline = time.monotonic() + 30
+        while True:
+            hit, dst, got = self.prefetch(cc, host, "rid-3", tokens)
+            if hit or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        self.assertEqual((hit, got), (4 * PAGE, 4 * PAGE), "not found through L2 after the restart")
+        self.assertEqual(differing_pages(host, src, dst), [], "pages differ after the restart")
+
+    def test_server_killed_mid_prefetch(self):
+        # the documented pair, shortened as in PkgTest.test_server_killed
+        srv = Server("--allow-unsealed-memory", "true", "--job-deadline-ms", "3000")
+        srv.start()
+        self.servers.append(srv)
+        cc, host = self.controller(srv, timeout_ms=2000, lookup_timeout_ms=500, load_timeout_ms=2000,
+                                   store_wait_ms=4000)
+        tokens = list(range(7000, 7000 + 3 * PAGE))
+        self.assertEqual(self.backup(cc, host, tokens)[1], 3 * PAGE)
+        t0 = time.monotonic()
+        # killed between the hit query and the transfer: the transfer gets
+        # nothing, the controller acknowledges, nothing hangs
+        hit, dst, got = self.prefetch(cc, host, "rid-k", tokens, between=srv.kill)
+        self.assertEqual((hit, got), (3 * PAGE, 0))
+        # and a prefetch against the dead server: a miss
+        self.assertEqual(self.prefetch(cc, host, "rid-k2", tokens)[0], 0)
+        self.assertLess(time.monotonic() - t0, 30, "the controller's calls waited past their time-outs")
+        # a new server on the same directory: backups and prefetches work again
+        srv.start()
+        deadline = time.monotonic() + 30
+        while self.backup(cc, host, tokens)[1] != 3 * PAGE and time.monotonic() < deadline:
+            time.sleep(0.2)
+        self.assertEqual(self.prefetch(cc, host, "rid-k3", tokens)[2], 3 * PAGE)
 
 
 if __name__ == "__main__":
