@@ -1,6 +1,9 @@
 /* The memory this server may use (memroom.c): the least of the kernel's
  * MemAvailable and, for each memory cgroup (v2, or v1) from the process's
- * own up to the root, its limit less its usage. Read once at start-up, to
+ * own up to the root, its limit less its usage, page cache not counted as
+ * used (memory.stat "file", v1 "total_cache": a restart finds the last
+ * run's L2 pages still charged, and the kernel reclaims them before it
+ * kills). Read once at start-up, to
  * check l1-size against it before the arena is faulted in: a prefault past
  * a cgroup's limit is an OOM kill with no line in the log.
  *
