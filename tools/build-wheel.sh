@@ -41,9 +41,10 @@ stage=$(mktemp -d "${TMPDIR:-/tmp}/kvside-wheel.XXXXXX")
 trap 'rm -rf "$stage"' EXIT
 cp "$root/packaging/wheel/pyproject.toml" "$root/packaging/wheel/setup.py" "$stage/"
 printf '%s\n' "$version" >"$stage/VERSION"
-mkdir -p "$stage/kvside/vllm" "$stage/kvside/_lib"
+mkdir -p "$stage/kvside/vllm" "$stage/kvside/sglang" "$stage/kvside/_lib"
 cp "$root"/worker/python/kvside/*.py "$stage/kvside/"
 cp "$root"/worker/python/kvside/vllm/*.py "$stage/kvside/vllm/"
+cp "$root"/worker/python/kvside/sglang/*.py "$stage/kvside/sglang/"
 cp -L "$lib" "$stage/kvside/_lib/libkvside.so.0"   # the file, not the symlink
 mkdir -p "$out"
 out=$(cd "$out" && pwd)

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""kvside.sglang.KvsideStorage (worker/python/kvside/sglang.py) driven in
+"""kvside.sglang.KvsideStorage (worker/python/kvside/sglang/) driven in
 SGLang's call order: the stand-in ``sglang`` package (tests/sglang/stub, each
 module citing the SGLang file and commit it mirrors) creates it through
 SGLang's dynamic backend factory and calls it as HiCacheController does;
@@ -642,7 +642,7 @@ class Api(unittest.TestCase):
         self.assertEqual(problems, [], "\n".join(problems))
         # every pool name of the pinned SGLang is either served or refused by
         # name (DeepSeek V4's), and the hit policies are the two it knows
-        import kvside.sglang as KS
+        import kvside.sglang.hybrid as KS
         names = [p for decos, c, _, p in self.parse() if "enum" in decos and c == "PoolName"][0]
         values = [p.split("=")[1] for p in names]
         self.assertEqual(sorted(v for v in values if v.startswith(KS._REFUSED_PREFIX)),

@@ -47,7 +47,9 @@ Cases:
 - a pool anonymous to kvside (pin_memory tensors are not used by SGLang's
   allocators; a private tensor is) and a refused layout: clear errors;
 - the interface: every method of the installed HiCacheStorage that SGLang
-  calls is overridden with a signature SGLang's call sites fit (inspect).
+  calls is overridden with a signature SGLang's call sites fit (inspect),
+  and mypy checks kvside/sglang/ against SGLang's own annotations (the
+  overrides' types included);
 - L2 after a restart and the server killed for every MHA layout and MLA
   with both allocators, and for the Mamba and SWA pools;
 - SGLang's HiCacheController itself (ControllerTest): its backup, prefetch
@@ -508,6 +510,17 @@ class PkgTest(unittest.TestCase):
                 be.register_mem_pool_host(pool)
         finally:
             be.close()
+
+    def test_types_check_against_this_sglang(self):
+        """mypy on kvside/sglang/ with SGLang's own annotations (SGLang ships
+        no py.typed: --follow-untyped-imports reads them; without it every
+        SGLang type would be Any and no override would be checked)."""
+        import subprocess
+        r = subprocess.run([sys.executable, "-m", "mypy", "--python-version", "3.11", "--follow-imports=silent",
+                            "--follow-untyped-imports", "--ignore-missing-imports", "--check-untyped-defs",
+                            "--cache-dir=/dev/null", "kvside/sglang/"],
+                           cwd=os.path.join(ROOT, "worker", "python"), capture_output=True, text=True)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
 
     def test_interface(self):
         from kvside.sglang import KvsideStorage

@@ -40,7 +40,7 @@ class WheelTest(unittest.TestCase):
             os.path.join(os.path.dirname(kvside.__file__), "_lib", "libkvside.so.0")))
         self.assertEqual(importlib.metadata.version("kvside"), os.environ["KVT_VERSION"])
         files = {str(f) for f in importlib.metadata.files("kvside")}
-        for f in ("kvside/vllm/connector.py", "kvside/vllm/worker.py", "kvside/sglang.py",
+        for f in ("kvside/vllm/connector.py", "kvside/vllm/worker.py", "kvside/sglang/storage.py",
                   "kvside/_lib/libkvside.so.0"):
             self.assertIn(f, files)
         # the engine modules are installed (importing them needs the engine itself)

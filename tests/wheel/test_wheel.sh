@@ -27,10 +27,12 @@ import hashlib, sys, zipfile
 wheel, lib = sys.argv[1:]
 z = zipfile.ZipFile(wheel)
 names = set(z.namelist())
-want = {"kvside/__init__.py", "kvside/layout.py", "kvside/settings.py", "kvside/sglang.py", "kvside/torch_alloc.py",
+want = {"kvside/__init__.py", "kvside/layout.py", "kvside/settings.py", "kvside/torch_alloc.py",
         "kvside/vllm/__init__.py", "kvside/vllm/connector.py", "kvside/vllm/config.py",
         "kvside/vllm/groups.py", "kvside/vllm/meta.py", "kvside/vllm/scheduler.py",
-        "kvside/vllm/worker.py", "kvside/_lib/libkvside.so.0"}
+        "kvside/vllm/worker.py", "kvside/sglang/__init__.py", "kvside/sglang/config.py",
+        "kvside/sglang/hybrid.py", "kvside/sglang/pools.py", "kvside/sglang/storage.py",
+        "kvside/_lib/libkvside.so.0"}
 missing = want - names
 assert not missing, "missing from the wheel: %s" % sorted(missing)
 extra = [n for n in names - want if not n.startswith("kvside-") or "/" not in n]

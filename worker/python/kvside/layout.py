@@ -141,6 +141,24 @@ def host_allocation(ptr, nbytes, what="cache"):
     raise LayoutError("%s at 0x%x is not mapped in this process" % (what, ptr))
 
 
+def view_layer(allocs, by_inode, group, v, num_blocks, what="cache"):
+    """The kvside Layer of view v (its group, num_blocks blocks) over the
+    file behind it: one registration allocation per file (allocs, indexed
+    by inode in by_inode; a view in a file already listed reuses its entry,
+    the new fd closed). The caller closes the fds of allocs."""
+    import kvside
+    lo, hi = view_extent(v, num_blocks)
+    a = host_allocation(lo, hi - lo, what)
+    if a.inode in by_inode:
+        os.close(a.fd)
+        a = allocs[by_inode[a.inode]]
+    else:
+        by_inode[a.inode] = len(allocs)
+        allocs.append(a)
+    return kvside.Layer(group, by_inode[a.inode], lo - a.map_start + a.file_offset, num_blocks, v.block_stride,
+                        v.block_bytes)
+
+
 def _anonymous(ptr):
     for lo, hi, _perms, _off, inode, path in _maps():
         if lo <= ptr < hi:

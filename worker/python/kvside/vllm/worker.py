@@ -39,7 +39,7 @@ import time
 import kvside
 
 from .groups import NULL, kvside_groups
-from ..layout import LayoutError, block_views, host_allocation, make_shareable, view_extent
+from ..layout import LayoutError, block_views, make_shareable, view_extent, view_layer
 
 log = logging.getLogger("kvside.vllm")
 
@@ -139,16 +139,7 @@ class WorkerSide:
         allocs, by_inode, layers = [], {}, []
         try:
             for g, v, _ in views:
-                lo, hi = view_extent(v, self.num_blocks)
-                a = host_allocation(lo, hi - lo, "KV cache view of group %d" % g)
-                if a.inode in by_inode:
-                    os.close(a.fd)
-                    a = allocs[by_inode[a.inode]]
-                else:
-                    by_inode[a.inode] = len(allocs)
-                    allocs.append(a)
-                layers.append(kvside.Layer(g, by_inode[a.inode], lo - a.map_start + a.file_offset,
-                                           self.num_blocks, v.block_stride, v.block_bytes))
+                layers.append(view_layer(allocs, by_inode, g, v, self.num_blocks, "KV cache view of group %d" % g))
             self.handle = self.client.register_memory([(a.fd, a.size) for a in allocs], groups, layers)
         finally:
             for a in allocs:
