@@ -262,8 +262,14 @@ class EngineTest(unittest.TestCase):
         self.assertGreaterEqual(a2["cached"], 2 * CHUNK, "A2 loaded A's first 2 chunks")
         # only B's load failed: C shares B's local blocks but not its load
         want_c = want_c or self.want_c
-        self.assertEqual((c["tokens"], c["finish"]), (want_c, "length"))
-        self.assertEqual((c2["tokens"], c2["finish"]), (want_c, "length"), "the engine lives")
+        # C ends normally with the same tokens. Its last token is the model's
+        # EOS (2): vLLM reports "length" or "stop" for it depending on the
+        # step it is checked in (both seen: "stop" in a CI run on a loaded
+        # machine), never "error" or "abort"
+        self.assertEqual(c["tokens"], want_c)
+        self.assertIn(c["finish"], ("length", "stop"), "C was hit by B's failed load")
+        self.assertEqual(c2["tokens"], want_c, "the engine lives")
+        self.assertIn(c2["finish"], ("length", "stop"), "the engine lives")
         return b
 
     def test_7_server_killed_during_a_load_recompute(self):
