@@ -20,6 +20,9 @@
 /* MiB/s from bytes over ms (0 ms: 0). */
 static double rate(uint64_t bytes, uint64_t ms) { return ms ? (double)bytes / 1048576.0 / ((double)ms / 1000.0) : 0.0; }
 
+/* Faults the L1 arena in, slice by slice, off the main loop: fresh arena
+ * pages would otherwise be faulted (and zeroed) by the copy threads on the
+ * first store into them. Stops early at shutdown. */
 static void *prefault_main(void *arg)
 {
 	kvs_server *srv = arg;

@@ -193,9 +193,6 @@ static int cuda_start(kvs_server *srv)
 
 /* ---- the data-path modules ---------------------------------------------- */
 
-/* Faults the L1 arena in, slice by slice, off the main loop: fresh arena
- * pages would otherwise be faulted (and zeroed) by the copy threads on the
- * first store into them. Stops early at shutdown. */
 /* L1 made room by dropping a chunk: KV-event subscribers learn it. */
 static void l1_evicted(const kvs_objkey *key, void *arg)
 {

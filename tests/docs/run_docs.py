@@ -30,8 +30,9 @@ which the docs tell the reader how to set:
 - KVSIDE_LIB (this build's libkvside.so) and PYTHONPATH (worker/python):
   `import kvside` finds the binding, as with the wheel installed;
 - HOME and TMPDIR: a scratch directory, removed afterwards.
-Nothing in a block is rewritten. The server runs with L2 (l2-path in the
-scratch directory) and a 256 MiB L1, not prefaulted.
+Nothing in a block is rewritten. The server is the Python tests' own
+(tests/python/kvt_server.py): L2 in its temporary directory, a 256 MiB L1,
+not prefaulted, metrics on a free port.
 
 A block fails when it exits non-zero, runs longer than 20 s, or its server
 dies; the failure names FILE:LINE of the block's opening fence and shows the
@@ -39,15 +40,16 @@ end of its output (`-v`: every block's output). Environment: KVS_SOURCE_ROOT, KV
 KVSIDE_LIB, PYTHONPATH (tests/docs/meson.build)."""
 
 import glob
-import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import time
+
+sys.path.insert(0, os.path.join(os.environ["KVS_SOURCE_ROOT"], "tests", "python"))
+from kvt_server import Server  # noqa: E402  (the Python tests' server, kvside-ctl's checks)
 
 MARKER = "<!-- runnable -->"
 FENCE = re.compile(r"^( *)(`{3,}|~{3,})\s*([A-Za-z0-9_+-]*)\s*$")
@@ -99,47 +101,13 @@ def blocks_of(path):
     return found, problems
 
 
-class Server:
-    def __init__(self, scratch):
-        self.dir = tempfile.mkdtemp(prefix="srv-", dir=scratch)
-        self.run = os.path.join(self.dir, "run")
-        self.log = os.path.join(self.dir, "server.log")
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(
-                [SERVER, "--broker-dir", self.run, "--metrics-listen", "127.0.0.1:0",
-                 "--l1-size", "256M", "--no-prefault", "--l2-path", os.path.join(self.dir, "l2"),
-                 "--l2-size", "64M", "--log-level", "warn"],
-                stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.time() + 10
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError("kvside-server exited with %s:\n%s" % (self.proc.returncode, self.tail()))
-            if os.path.exists(os.path.join(self.run, "kvside.zmq")):
-                r = subprocess.run([CTL, "--broker-dir", self.run, "--json", "--timeout", "1000", "stats"],
-                                   capture_output=True, text=True)
-                if r.returncode == 0:
-                    self.metrics_port = json.loads(r.stdout)["counters"]["metrics_port"]
-                    if self.metrics_port:
-                        return
-            if time.time() > deadline:
-                raise RuntimeError("kvside-server did not start:\n" + self.tail())
-            time.sleep(0.02)
-
-    def tail(self):
-        with open(self.log, "rb") as f:
-            return f.read().decode(errors="replace")[-3000:]
-
-    def stop(self):
-        """SIGTERM; the exit status (a server that died: its status)."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-                return "hung at SIGTERM"
-        return self.proc.returncode
+def start_server():
+    """A fresh server for one block (the Python tests' kvt_server): L2, and
+    metrics on a free port, whose number it returns with the server."""
+    srv = Server("--metrics-listen", "127.0.0.1:0", l1_size="256M", l2=True, l2_size="64M", l2_sync=None,
+                 prefix="kvt-docs-srv-")
+    srv.start(timeout=10)
+    return srv, srv.stats()["metrics_port"]
 
 
 def python_dir(scratch):
@@ -156,11 +124,11 @@ def run_block(scratch, path, line, runner, code):
     """None, or the failure's text."""
     where = "%s:%d" % (os.path.relpath(path, SRC), line)
     home = tempfile.mkdtemp(prefix="home-", dir=scratch)
-    srv = Server(scratch)
+    srv, metrics_port = start_server()
     env = dict(os.environ)
     env.update({
         "KVSIDE_BROKER_DIR": srv.run,
-        "KVSIDE_METRICS": "127.0.0.1:%d" % srv.metrics_port,
+        "KVSIDE_METRICS": "127.0.0.1:%d" % metrics_port,
         "PATH": os.pathsep.join([os.path.dirname(SERVER), os.path.dirname(CTL), python_dir(scratch),
                                  env.get("PATH", "")]),
         "HOME": home,
@@ -181,6 +149,8 @@ def run_block(scratch, path, line, runner, code):
     dt = time.time() - t0
     alive = srv.proc.poll() is None
     src = srv.stop()
+    tail = srv.log_tail()
+    srv.cleanup()
     problem = None
     if rc != 0:
         problem = "exit status %s" % rc
@@ -195,7 +165,7 @@ def run_block(scratch, path, line, runner, code):
     if not problem:
         return None
     return "%s: %s block: %s\n--- output (end) ---\n%s\n--- server log (end) ---\n%s" % (
-        where, runner, problem, out[-3000:], srv.tail())
+        where, runner, problem, out[-3000:], tail)
 
 
 def main():

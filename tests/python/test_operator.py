@@ -65,6 +65,16 @@ def open_error(broker_dir=None, endpoint=None, timeout_ms=10000, **kw):
     raise AssertionError("the open succeeded")
 
 
+def start_with(srv, env):
+    """srv.start() with env (test hooks) in the server's environment only."""
+    os.environ.update(env)
+    try:
+        srv.start()
+    finally:
+        for k in env:
+            del os.environ[k]
+
+
 def ctl_stderr(*args):
     p = subprocess.run([CTL] + list(args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=30)
     return p.returncode, p.stderr.decode("utf-8", "replace")
@@ -267,11 +277,7 @@ class MemoryTest(unittest.TestCase):
 
     def test_l1_clamped_when_asked(self):
         srv = Server("--l1-size", "2G", "--l1-size-clamp", "true", prefix="kvt-op-clamp-")
-        os.environ["KVS_TEST_MEMINFO"] = self.meminfo
-        try:
-            srv.start()
-        finally:
-            del os.environ["KVS_TEST_MEMINFO"]
+        start_with(srv, {"KVS_TEST_MEMINFO": self.meminfo})
         self.addCleanup(srv.cleanup)
         self.addCleanup(srv.stop)
         with kvside.Client("e", "ns", role="scheduler", broker_dir=srv.run) as c:
@@ -304,12 +310,7 @@ class MemoryTest(unittest.TestCase):
                       % env["KVS_TEST_CGROUP_ROOT"], out)
         env["KVS_TEST_CGROUP_ROOT"] = self.fake_cgroup(1024, 900, 800)
         srv = Server("--l1-size", "512M", prefix="kvt-op-cache-")
-        os.environ.update(env)
-        try:
-            srv.start()
-        finally:
-            for k in env:
-                del os.environ[k]
+        start_with(srv, env)
         self.addCleanup(srv.cleanup)
         self.addCleanup(srv.stop)
         self.assertEqual(srv.stats()["l1_capacity"], 512 << 20)
@@ -408,12 +409,7 @@ class LongWorkTest(unittest.TestCase):
         env = {"KVS_TEST_L2_WRITER_HOLD_MS": str(hold_ms)}
         if backlog_bytes:
             env["KVS_TEST_BACKLOG_LOG_BYTES"] = str(backlog_bytes)
-        os.environ.update(env)
-        try:
-            srv.start()
-        finally:
-            for k in env:
-                del os.environ[k]
+        start_with(srv, env)
 
     def test_backlog_and_flush_logged(self):
         srv = Server("--log-level", "info", "--l1-size", "128M", l2=True, l2_sync="full", prefix="kvt-op-bl-")
