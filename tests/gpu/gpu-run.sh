@@ -46,6 +46,12 @@
 #                                 L1 and L2; time to first token): e2e-gpu.log;
 #                                 E2E_ARGS passes options (e.g. --no-timing,
 #                                 --dump-src "$OUT"), E2E_TIMEOUT the limit (270 s)
+#   tests/gpu/gpu-run.sh remote-qualify the seeds' qualification at their scale
+#                                 (tests/gpu/qualify.py: 4 rank processes, a hybrid
+#                                 cache as large as fits, a 524,288-token request,
+#                                 engine-only and full restarts) once per memory
+#                                 kind in QUAL_ALLOCS ("kvside torch"):
+#                                 qualify-<kind>.md; QUAL_* settings pass through
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 # For python3 on the GPU machine: only the bundled libraries the machine lacks
@@ -334,6 +340,25 @@ PY
   fi
   exit $rc
   ;;
+remote-qualify)
+  python_libs
+  export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+  export KVS_SERVER=$PWD/build/server/kvside-server KVSIDE_LIB=$PWD/build/worker/libkvside.so
+  export PYTHONPATH=$PWD/worker/python:$PWD/tests/python PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+  export KVT_LOG_LEVEL=info
+  out=${OUT:-gpu-logs}
+  mkdir -p "$out"
+  { nvidia-smi; free -g; df -h . /tmp; nproc; } > "$out/machine.txt" 2>&1
+  rc=0
+  for a in ${QUAL_ALLOCS:-kvside torch}; do
+    r=0
+    QUAL_ALLOC=$a timeout "${QUAL_TIMEOUT:-560}" python3 tests/gpu/qualify.py > "$out/qualify-$a.md" 2>&1 || r=$?
+    [ $r -eq 0 ] || rc=$r
+    echo "== qualify $a: exit $r"; sed -n '/^## Summary/,$p' "$out/qualify-$a.md"
+    [ $r -eq 0 ] || tail -40 "$out/qualify-$a.md"
+  done
+  exit $rc
+  ;;
 remote-cpu)
   export LD_LIBRARY_PATH=$PWD/.gpu-bundle/lib:${LD_LIBRARY_PATH:-}
   export KVS_SERVER=$PWD/build/server/kvside-server
@@ -362,7 +387,7 @@ remote-e2e)
   exit $rc
   ;;
 *)
-  echo "usage: $0 local|remote|remote-bench|remote-multi|remote-vllm|remote-cpu|remote-e2e" >&2
+  echo "usage: $0 local|remote|remote-bench|remote-multi|remote-vllm|remote-cpu|remote-e2e|remote-qualify" >&2
   exit 2
   ;;
 esac
