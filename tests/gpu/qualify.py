@@ -277,6 +277,10 @@ def rank_main(phase, rank, world, run_dir, alloc, kv_bytes, shift, slot, l2_queu
         st = c.stats()
         out["at_register"] = {k: st[k] for k in ("imports", "aliases", "registrations", "sessions",
                                                  "l1_objects")}
+        if alloc != "host":  # while every rank holds its cache
+            out["gpu_memory"] = subprocess.run(
+                ["nvidia-smi", "--query-gpu=memory.used,memory.total", "--format=csv,noheader"],
+                capture_output=True, text=True).stdout.strip()
     # the destination: other blocks than the source's (shift 0 would be the same ones)
     shift = -1 if shift < 0 else shift % (s.blocks - s.req_blocks + 1)
     shift = s.blocks - s.req_blocks if shift < 0 else shift
@@ -461,10 +465,8 @@ class Driver:
                  "L1 objects %d; register took %.2f s at most" % (
                      what, a["imports"], a["aliases"], a["registrations"], a["sessions"], a["l1_objects"],
                      max(r["register_s"] for r in res)))
-        if self.alloc != "host":
-            q = subprocess.run(["nvidia-smi", "--query-gpu=memory.used,memory.total", "--format=csv,noheader"],
-                               capture_output=True, text=True).stdout.strip()
-            self.say("%s: GPU memory used, total: %s" % (what, q))
+        if "gpu_memory" in res[0]:
+            self.say("%s: GPU memory used, total: %s" % (what, res[0]["gpu_memory"]))
         self.check(a["imports"] == self.world and a["registrations"] == self.world,
                    "%s: %d imports, %d registrations for %d ranks" % (what, a["imports"], a["registrations"],
                                                                         self.world))
@@ -556,6 +558,10 @@ class Driver:
             max(r["register_s"] for r in res)))
         self.registered("store ranks registered", res)
         med, lo, hi, span = self.rate(res, "store")
+        jobs = [j for r in res for j in r["jobs"] if j[0] == "store"]
+        wall = max(j[3] for j in jobs) - min(j[2] for j in jobs)
+        self.say("store: %.1f s from the first job to the last (paced by the L2 write-behind: %.2f GB/s)" % (
+            wall, self.world * r0["req_bytes"] / wall / 1e9))
         self.say("store: %d jobs of %d tokens per rank, %.2f GB in all; per job %.1f GB/s median "
                  "(%.1f..%.1f), %.1f s in jobs" % (len(r0["jobs"]) - 1, STEP, self.world * r0["req_bytes"] / 1e9,
                                                    med, lo, hi, span))
